@@ -1,0 +1,46 @@
+import type { AnyStateMachine } from 'xstate';
+
+// Reads transition tables out of XState definitions, so repositories and diagrams never keep a
+// second, hand-written list of which status may follow which.
+
+export type MachineEdge = { from: string; event: string; to: string; guarded: boolean };
+
+export function machineStates(machine: AnyStateMachine): string[] {
+  return Object.keys(machine.root.states);
+}
+
+export function finalStates(machine: AnyStateMachine): string[] {
+  return Object.entries(machine.root.states)
+    .filter(([, node]) => node.type === 'final')
+    .map(([key]) => key);
+}
+
+export function machineEdges(machine: AnyStateMachine): MachineEdge[] {
+  const edges: MachineEdge[] = [];
+  for (const [from, node] of Object.entries(machine.root.states)) {
+    for (const [event, transitions] of Object.entries(node.on)) {
+      for (const transition of transitions) {
+        for (const target of transition.target ?? []) {
+          edges.push({ from, event, to: target.key, guarded: transition.guard !== undefined });
+        }
+      }
+    }
+  }
+  return edges;
+}
+
+/** The statuses from which `event` is accepted, optionally only those leading to `to`. */
+export function allowedFrom(machine: AnyStateMachine, event: string, to?: string): string[] {
+  const sources = machineEdges(machine)
+    .filter((edge) => edge.event === event && (to === undefined || edge.to === to))
+    .map((edge) => edge.from);
+  if (sources.length === 0) throw new Error(`machine ${machine.id} has no transition for event ${event}`);
+  return [...new Set(sources)];
+}
+
+/** The status `event` leads to; every Keel machine maps one event to one target. */
+export function targetOf(machine: AnyStateMachine, event: string): string {
+  const targets = [...new Set(machineEdges(machine).filter((edge) => edge.event === event).map((edge) => edge.to))];
+  if (targets.length !== 1) throw new Error(`event ${event} of machine ${machine.id} does not have exactly one target`);
+  return targets[0]!;
+}

@@ -1,0 +1,49 @@
+import type { Command } from 'commander';
+import { createLogger } from '../log/logger.js';
+import { startKeel } from '../runtime/start-keel.js';
+import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions } from './cli-support.js';
+
+const STAGE_EXIT: Record<string, number> = { database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
+
+export function registerStartCommand(program: Command, globals: () => GlobalOptions): void {
+  program
+    .command('start')
+    .description('start Keel: migrate, then serve HTTP and run the workers (embedded Postgres without database.url)')
+    .action(async () => {
+      const config = loadConfigOrExit(globals());
+      const logger = createLogger();
+      const startedAt = Date.now();
+      const result = await startKeel(config, logger);
+      if (!result.ok) throw new CliExit(STAGE_EXIT[result.stage] ?? EXIT.failure, `start failed (${result.stage}): ${result.message}`);
+      const { keel } = result;
+      logger.info(
+        {
+          url: keel.url,
+          database: config.database.url ? 'external' : 'embedded',
+          queue: keel.context.queues.backend.kind,
+          config: config.source ?? '(defaults)',
+          readyMs: Date.now() - startedAt,
+        },
+        'keel is ready',
+      );
+
+      await new Promise<void>((resolve) => {
+        let signals = 0;
+        const onSignal = (signal: NodeJS.Signals) => {
+          signals += 1;
+          if (signals > 1) {
+            logger.warn({ signal }, 'second signal: exiting now');
+            process.exit(130);
+          }
+          logger.info({ signal }, 'shutting down');
+          keel.stop().then(resolve, (error: Error) => {
+            logger.error({ err: error }, 'shutdown failed');
+            resolve();
+          });
+        };
+        process.on('SIGINT', onSignal);
+        process.on('SIGTERM', onSignal);
+      });
+      logger.info('keel stopped');
+    });
+}

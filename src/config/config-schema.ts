@@ -1,0 +1,215 @@
+import { z } from 'zod';
+
+// The public configuration interface (DESIGN.md, "Configuration"). Every object is strict so a
+// misspelt key is reported instead of silently ignored.
+
+const privacyLevel = z.enum(['none', 'metadata', 'redacted', 'full']);
+
+const privacyCeilings = z
+  .object({
+    auditLevel: privacyLevel.optional(),
+    answerLevel: privacyLevel.optional(),
+  })
+  .strict();
+
+const serverSchema = z
+  .object({
+    host: z.string().min(1).default('127.0.0.1'),
+    port: z.number().int().min(0).max(65535).default(8080),
+    publicUrl: z.string().url().optional(),
+    bodyLimitBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1_048_576),
+  })
+  .strict();
+
+const databaseSchema = z
+  .object({
+    url: z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
+  })
+  .strict();
+
+const queueSchema = z
+  .object({
+    redisUrl: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').optional(),
+  })
+  .strict();
+
+const authSchema = z
+  .object({
+    mode: z.enum(['token', 'none']).default('token'),
+  })
+  .strict();
+
+const addressGuardSchema = z
+  .object({
+    allowHosts: z.array(z.string().min(1)).default([]),
+    allowHttp: z.boolean().default(false),
+  })
+  .strict();
+
+const securitySchema = z
+  .object({
+    masterKeyFile: z.string().min(1).optional(),
+    addressGuard: addressGuardSchema.default({}),
+  })
+  .strict();
+
+const privacySchema = z
+  .object({
+    level: privacyLevel.default('metadata'),
+    retention: z
+      .object({ agentRun: z.number().int().min(1).max(36_500).default(30) })
+      .strict()
+      .default({}),
+  })
+  .strict();
+
+const a2aSchema = z
+  .object({
+    blockingCapSeconds: z.number().min(0).max(3600).default(30),
+  })
+  .strict();
+
+const pushSchema = z
+  .object({
+    timeoutSeconds: z.number().positive().max(300).default(15),
+    maxAttempts: z.number().int().min(1).max(100).default(8),
+    deadlineHours: z.number().positive().max(24 * 30).default(24),
+  })
+  .strict();
+
+const errorClass = z.enum([
+  'connection',
+  'rate_limit',
+  'auth',
+  'configuration',
+  'client_error',
+  'server_error',
+  'unknown',
+]);
+
+const scriptedToolCall = z
+  .object({ name: z.string().min(1), arguments: z.record(z.unknown()).default({}) })
+  .strict();
+
+const scriptedStep = z
+  .object({
+    reply: z.string().optional(),
+    toolCalls: z.array(scriptedToolCall).optional(),
+    artifact: z
+      .object({
+        artifactId: z.string().min(1).optional(),
+        name: z.string().optional(),
+        text: z.string(),
+        append: z.boolean().optional(),
+        lastChunk: z.boolean().optional(),
+      })
+      .strict()
+      .optional(),
+    delayMs: z.number().int().min(0).max(600_000).optional(),
+    fail: errorClass.optional(),
+    tokens: z.number().int().min(0).optional(),
+  })
+  .strict();
+
+const providerSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('echo'), privacy: privacyCeilings.optional() }).strict(),
+  z
+    .object({
+      type: z.literal('scripted'),
+      steps: z.array(scriptedStep).default([]),
+      privacy: privacyCeilings.optional(),
+    })
+    .strict(),
+  z
+    .object({
+      type: z.literal('openai'),
+      baseUrl: z.string().url(),
+      model: z.string().min(1),
+      apiKeyEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'expected an environment variable name').optional(),
+      timeoutSeconds: z.number().positive().max(600).default(120),
+      privacy: privacyCeilings.optional(),
+    })
+    .strict(),
+  z.object({ type: z.literal('conformance'), privacy: privacyCeilings.optional() }).strict(),
+]);
+
+const skillSchema = z
+  .object({
+    id: z.string().min(1),
+    name: z.string().min(1),
+    description: z.string().default(''),
+    tags: z.array(z.string()).default([]),
+    examples: z.array(z.string()).optional(),
+  })
+  .strict();
+
+const agentId = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, 'expected lowercase letters, digits, - or _ (at most 63)');
+
+const agentSchema = z
+  .object({
+    id: agentId,
+    name: z.string().min(1),
+    description: z.string().default(''),
+    version: z.string().default('1.0.0'),
+    provider: z.string().min(1),
+    fallbacks: z.array(z.string().min(1)).default([]),
+    tools: z.array(z.string().min(1)).default([]),
+    limits: z
+      .object({
+        maxIterations: z.number().int().min(1).max(1000).default(20),
+        tokenBudget: z.number().int().min(1).optional(),
+      })
+      .strict()
+      .default({}),
+    privacy: privacyCeilings.optional(),
+    skills: z.array(skillSchema).default([]),
+  })
+  .strict();
+
+const remoteAgentSchema = z
+  .object({
+    id: agentId,
+    cardUrl: z.string().url(),
+    credentialEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'expected an environment variable name').optional(),
+    credentialSealed: z.string().min(1).optional(),
+  })
+  .strict();
+
+const DEFAULT_AGENTS = [
+  {
+    id: 'echo',
+    name: 'Echo',
+    description: 'Answers with what it was sent',
+    provider: 'echo',
+    privacy: { answerLevel: 'full' as const },
+    skills: [{ id: 'echo', name: 'Echo', description: 'Echoes the input', tags: ['demo'] }],
+  },
+];
+
+export const configSchema = z
+  .object({
+    server: serverSchema.default({}),
+    database: databaseSchema.default({}),
+    queue: queueSchema.default({}),
+    dataDir: z.string().min(1).default('.keel'),
+    auth: authSchema.default({}),
+    security: securitySchema.default({}),
+    privacy: privacySchema.default({}),
+    a2a: a2aSchema.default({}),
+    push: pushSchema.default({}),
+    providers: z.record(z.string().regex(/^[a-z0-9][a-z0-9_-]*$/), providerSchema).default({ echo: { type: 'echo' } }),
+    agents: z.array(agentSchema).default(DEFAULT_AGENTS),
+    remoteAgents: z.array(remoteAgentSchema).default([]),
+  })
+  .strict();
+
+export type KeelConfigInput = z.input<typeof configSchema>;
+export type ParsedConfig = z.output<typeof configSchema>;
+export type PrivacyLevelName = z.infer<typeof privacyLevel>;
+export type ProviderConfig = z.output<typeof providerSchema>;
+export type AgentConfig = z.output<typeof agentSchema>;
+export type RemoteAgentConfig = z.output<typeof remoteAgentSchema>;
+export type ScriptedStep = z.output<typeof scriptedStep>;
+export type ProviderErrorClass = z.infer<typeof errorClass>;

@@ -1,0 +1,145 @@
+import { Queue, Worker, createPostgresBackend, type Job, type JobsOptions, type Processor } from 'bullmq';
+import type { KeelLogger } from '../log/logger.js';
+import { QUEUE_NAMES, type QueueName } from './queue-names.js';
+
+export type QueueBackend =
+  | { kind: 'redis'; url: string; prefix?: string }
+  | { kind: 'postgres'; connectionString: string; prefix?: string };
+
+export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
+
+/** Job states in which the job will still run; anything else means the debt needs a new job. */
+const PENDING_STATES = new Set(['waiting', 'delayed', 'active', 'prioritized', 'waiting-children']);
+
+// Jobs are wake-ups; Postgres holds the truth. Finished jobs are removed so a deterministic id is
+// free again for the next debt of the same name (a requeued run reuses `run-<id>`).
+const DEFAULT_JOB_OPTIONS: JobsOptions = {
+  removeOnComplete: true,
+  removeOnFail: true,
+  attempts: 5,
+  backoff: { type: 'exponential', delay: 1000 },
+};
+
+/**
+ * The one factory for BullMQ queues and workers: on Redis when `queue.redisUrl` is set, else on
+ * BullMQ's Postgres backend in Keel's own database (schema `bullmq`). Callers never see which.
+ */
+export class KeelQueues {
+  readonly backend: QueueBackend;
+  private readonly queues = new Map<QueueName, Queue>();
+  private readonly workers: Worker[] = [];
+  private readonly logger: KeelLogger;
+
+  constructor(backend: QueueBackend, logger: KeelLogger) {
+    this.backend = backend;
+    this.logger = logger.child({ component: 'queues', backend: backend.kind });
+  }
+
+  private baseOptions() {
+    const prefix = this.backend.prefix ?? 'keel';
+    if (this.backend.kind === 'redis') {
+      const url = new URL(this.backend.url);
+      return {
+        prefix,
+        connection: {
+          host: url.hostname,
+          port: Number(url.port || 6379),
+          username: url.username ? decodeURIComponent(url.username) : undefined,
+          password: url.password ? decodeURIComponent(url.password) : undefined,
+          db: url.pathname.length > 1 ? Number(url.pathname.slice(1)) : 0,
+          tls: url.protocol === 'rediss:' ? {} : undefined,
+          maxRetriesPerRequest: null,
+          enableOfflineQueue: true,
+        },
+      };
+    }
+    return { prefix, connection: { connectionString: this.backend.connectionString, migrate: true, max: 5 } };
+  }
+
+  queue(name: QueueName): Queue {
+    let queue = this.queues.get(name);
+    if (!queue) {
+      const options = { ...this.baseOptions(), defaultJobOptions: DEFAULT_JOB_OPTIONS };
+      // The two constructor forms differ only in the backend factory argument.
+      queue =
+        this.backend.kind === 'postgres'
+          ? (new Queue(name, options as never, createPostgresBackend as never) as unknown as Queue)
+          : new Queue(name, options as never);
+      queue.on('error', (error) => this.logger.warn({ err: error, queue: name }, 'queue connection error'));
+      this.queues.set(name, queue);
+    }
+    return queue;
+  }
+
+  allQueues(): Queue[] {
+    return QUEUE_NAMES.map((name) => this.queue(name));
+  }
+
+  createWorker<D = unknown, R = unknown>(name: QueueName, processor: Processor<D, R>, options: WorkerOptions = {}): Worker<D, R> {
+    const workerOptions = {
+      ...this.baseOptions(),
+      concurrency: options.concurrency ?? 1,
+      lockDuration: options.lockDurationMs ?? 30_000,
+      autorun: true,
+    };
+    const worker =
+      this.backend.kind === 'postgres'
+        ? (new Worker(name, processor as never, workerOptions as never, createPostgresBackend as never) as unknown as Worker<D, R>)
+        : new Worker<D, R>(name, processor, workerOptions as never);
+    worker.on('error', (error) => this.logger.warn({ err: error, queue: name }, 'worker error'));
+    worker.on('failed', (job: Job<D, R> | undefined, error: Error) =>
+      this.logger.warn({ err: error, queue: name, jobId: job?.id }, 'job failed'),
+    );
+    this.workers.push(worker as unknown as Worker);
+    return worker;
+  }
+
+  /** Adds a job under a deterministic id unless one with that id is still pending. */
+  async ensureJob(name: QueueName, jobId: string, data: object, options: { delayMs?: number } = {}): Promise<'added' | 'present'> {
+    const queue = this.queue(name);
+    const existing = await queue.getJob(jobId);
+    if (existing) {
+      const state = await existing.getState();
+      if (PENDING_STATES.has(state)) return 'present';
+      await existing.remove().catch(() => undefined);
+    }
+    await queue.add(name, data, { jobId, delay: options.delayMs && options.delayMs > 0 ? Math.ceil(options.delayMs) : undefined });
+    return 'added';
+  }
+
+  /** Adds jobs without checking first: the common path right after a commit. */
+  async addJob(name: QueueName, jobId: string, data: object, options: { delayMs?: number } = {}): Promise<void> {
+    await this.queue(name).add(name, data, {
+      jobId,
+      delay: options.delayMs && options.delayMs > 0 ? Math.ceil(options.delayMs) : undefined,
+    });
+  }
+
+  async ping(): Promise<boolean> {
+    try {
+      const queue = this.queue('maintenance');
+      await Promise.race([
+        queue.getJobCounts('waiting'),
+        new Promise((_, reject) => setTimeout(() => reject(new Error('queue ping timed out')), 3000)),
+      ]);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  async waitUntilReady(): Promise<void> {
+    await Promise.all(this.allQueues().map((queue) => queue.waitUntilReady()));
+  }
+
+  async closeWorkers(): Promise<void> {
+    await Promise.all(this.workers.map((worker) => worker.close()));
+    this.workers.length = 0;
+  }
+
+  async close(): Promise<void> {
+    await this.closeWorkers();
+    await Promise.all([...this.queues.values()].map((queue) => queue.close()));
+    this.queues.clear();
+  }
+}

@@ -1,0 +1,215 @@
+import { randomUUID } from 'node:crypto';
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import {
+  REASONS_BY_TERMINAL_STATUS,
+  TRUNCATING_REASONS,
+  runMachine,
+  type RunEventType,
+  type RunStatus,
+  type TerminalRunStatus,
+  type TerminationReason,
+} from '../../machines/run.machine.js';
+import { allowedFrom, targetOf } from '../../machines/transitions.js';
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import type { KeelLogger } from '../log/logger.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { runRow, type RunRow } from './run-row.js';
+
+// Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
+// allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
+// committed change increments `revision`.
+
+export type Db = CommonQueryMethods;
+
+const statusArray = (statuses: readonly string[]) => sql.array(statuses, 'text');
+const from = (event: RunEventType) => statusArray(allowedFrom(runMachine, event));
+const to = (event: RunEventType) => targetOf(runMachine, event) as RunStatus;
+
+export const queuedRequestContext = (runId: string) => ({ table: 'runs', column: 'queued_request', rowId: runId });
+export const suspendedStateContext = (runId: string) => ({ table: 'runs', column: 'suspended_state', rowId: runId });
+
+export type CreateRunInput = {
+  id?: string;
+  agent: string;
+  auditLevel: PrivacyLevel;
+  answerLevel: PrivacyLevel;
+  request: unknown;
+};
+
+export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput): Promise<RunRow> {
+  const id = input.id ?? randomUUID();
+  const sealed = sealer.sealJson(queuedRequestContext(id), input.request);
+  return db.one(sql.type(runRow)`
+    INSERT INTO runs (id, agent, status, audit_level, answer_level, queued_request)
+    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${sql.binary(sealed)})
+    RETURNING *`);
+}
+
+export async function getRun(db: Db, runId: string): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`SELECT * FROM runs WHERE id = ${runId}`);
+}
+
+export type Claim = { workerId: string; leaseMs: number };
+
+/** QUEUED → RUNNING for one run whose delay has passed; stamps the owner and the lease. */
+export async function claimQueuedRun(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('CLAIM')}, claimed_by = ${claim.workerId},
+      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+      started_at = coalesce(started_at, now()), revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('CLAIM')}) AND available_at <= now()
+    RETURNING *`);
+}
+
+/** Claims up to `limit` due runs in one statement; concurrent claimers skip each other's rows. */
+export async function claimQueuedRuns(db: Db, limit: number, claim: Claim): Promise<readonly RunRow[]> {
+  return db.any(sql.type(runRow)`
+    UPDATE runs SET status = ${to('CLAIM')}, claimed_by = ${claim.workerId},
+      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+      started_at = coalesce(started_at, now()), revision = revision + 1, updated_at = now()
+    WHERE id IN (
+      SELECT id FROM runs WHERE status = ANY(${from('CLAIM')}) AND available_at <= now()
+      ORDER BY available_at, id LIMIT ${limit} FOR UPDATE SKIP LOCKED)
+    RETURNING *`);
+}
+
+/** Extends the lease only while this worker still owns the running run; false means it is lost. */
+export async function renewLease(db: Db, runId: string, claim: Claim): Promise<boolean> {
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE runs SET lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })}
+    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${claim.workerId}
+    RETURNING id`);
+  return row !== null;
+}
+
+export type SuspendStatus = 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency';
+const SUSPEND_EVENT: Record<SuspendStatus, RunEventType> = {
+  waiting_for_approval: 'SUSPEND_FOR_APPROVAL',
+  waiting_for_input: 'SUSPEND_FOR_INPUT',
+  waiting_for_dependency: 'SUSPEND_FOR_DEPENDENCY',
+};
+const RESUME_EVENT: Record<SuspendStatus, RunEventType> = {
+  waiting_for_approval: 'APPROVAL_DECIDED',
+  waiting_for_input: 'INPUT_RECEIVED',
+  waiting_for_dependency: 'DEPENDENCY_RESOLVED',
+};
+
+/** RUNNING → waiting, by the owner, storing the sealed suspended state with the transition. */
+export async function suspendRun(
+  db: Db,
+  sealer: Sealer,
+  runId: string,
+  workerId: string,
+  status: SuspendStatus,
+  state: unknown,
+): Promise<RunRow | null> {
+  const event = SUSPEND_EVENT[status];
+  const sealed = sealer.sealJson(suspendedStateContext(runId), state);
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)},
+      claimed_by = NULL, lease_expires_at = NULL, revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from(event)}) AND claimed_by = ${workerId}
+    RETURNING *`);
+}
+
+/**
+ * waiting → RUNNING through one guarded claim, so two approvals (or a callback racing a poll) cannot
+ * both resume the run. `expectedRevision` binds the claim to the suspension that was shown.
+ */
+export async function claimForResume(
+  db: Db,
+  runId: string,
+  waitingStatus: SuspendStatus,
+  claim: Claim,
+  expectedRevision?: number,
+): Promise<RunRow | null> {
+  const event = RESUME_EVENT[waitingStatus];
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to(event)}, claimed_by = ${claim.workerId},
+      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ${waitingStatus} AND status = ANY(${from(event)})
+      ${expectedRevision === undefined ? sql.fragment`` : sql.fragment`AND revision = ${expectedRevision}`}
+    RETURNING *`);
+}
+
+export type SettleInput = {
+  status: TerminalRunStatus;
+  reason: TerminationReason;
+  errorClass?: string | null;
+  /** When given, only this worker's claim may settle (a worker that lost its lease cannot). */
+  workerId?: string;
+};
+
+export type SettleResult = { settled: true; run: RunRow } | { settled: false; current: RunStatus | null };
+
+const SETTLE_EVENT: Record<TerminalRunStatus, RunEventType> = { completed: 'COMPLETE', failed: 'FAIL', cancelled: 'CANCEL' };
+
+/**
+ * The one way a run becomes terminal. Only a non-terminal row changes; a late or duplicate settle
+ * returns `settled: false` and is logged at notice level, so terminal stays terminal.
+ */
+export async function settleRun(db: Db, logger: KeelLogger, runId: string, input: SettleInput): Promise<SettleResult> {
+  const allowedReasons: readonly TerminationReason[] = REASONS_BY_TERMINAL_STATUS[input.status];
+  if (!allowedReasons.includes(input.reason)) {
+    throw new Error(`termination reason ${input.reason} does not belong to status ${input.status}`);
+  }
+  const event = SETTLE_EVENT[input.status];
+  const truncated = TRUNCATING_REASONS.includes(input.reason);
+  const run = await db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${input.status}, termination_reason = ${input.reason}, truncated = ${truncated},
+      error_class = ${input.errorClass ?? null}, claimed_by = NULL, lease_expires_at = NULL,
+      inside_non_idempotent_call = NULL, settled_at = now(), revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from(event)})
+      ${input.workerId === undefined ? sql.fragment`` : sql.fragment`AND (status <> 'running' OR claimed_by = ${input.workerId})`}
+    RETURNING *`);
+  if (run) return { settled: true, run };
+  const current = await db.maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${runId}`);
+  logger.notice({ runId, attempted: input.status, reason: input.reason, current }, 'late settle refused: the run was not settled again');
+  return { settled: false, current: (current as RunStatus | null) ?? null };
+}
+
+/** Any non-terminal run → CANCELLED (A2A CancelTask and `keel runs cancel`). */
+export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Promise<SettleResult> {
+  return settleRun(db, logger, runId, { status: 'cancelled', reason: 'cancelled' });
+}
+
+/** RUNNING with an expired lease → QUEUED after `delayMs` (the reaper). */
+export async function requeueRun(db: Db, runId: string, delayMs: number): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, lease_expires_at = NULL,
+      requeue_count = requeue_count + 1, available_at = now() + ${sql.interval({ seconds: delayMs / 1000 })},
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND lease_expires_at < now()
+    RETURNING *`);
+}
+
+/** RUNNING with an expired lease → FAILED (`retries_exhausted`), never retried again. */
+export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('DEAD_LETTER')}, termination_reason = 'retries_exhausted',
+      claimed_by = NULL, lease_expires_at = NULL, settled_at = now(), revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now()
+    RETURNING *`);
+}
+
+/** Runs that owe a `runs` job: queued and due (the sweeper re-enqueues those whose job is missing). */
+export async function listQueuedRunIds(db: Db, limit: number): Promise<readonly string[]> {
+  return db.anyFirst(sql.type(z.object({ id: z.string() }))`
+    SELECT id FROM runs WHERE status = 'queued' ORDER BY available_at, id LIMIT ${limit}`);
+}
+
+export type ListRunsFilter = { status?: RunStatus; agent?: string; limit: number; before?: { createdAt: number; id: string } };
+
+export async function listRuns(db: Db, filter: ListRunsFilter): Promise<readonly RunRow[]> {
+  const conditions = [sql.fragment`true`];
+  if (filter.status) conditions.push(sql.fragment`status = ${filter.status}`);
+  if (filter.agent) conditions.push(sql.fragment`agent = ${filter.agent}`);
+  if (filter.before) {
+    conditions.push(sql.fragment`(created_at, id) < (${sql.timestamp(new Date(filter.before.createdAt))}, ${filter.before.id})`);
+  }
+  return db.any(sql.type(runRow)`
+    SELECT * FROM runs WHERE ${sql.join(conditions, sql.fragment` AND `)}
+    ORDER BY created_at DESC, id DESC LIMIT ${filter.limit}`);
+}

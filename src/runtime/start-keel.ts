@@ -1,0 +1,112 @@
+import { hostname } from 'node:os';
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import type { KeelConfig } from '../config/load-config.js';
+import { migrate } from '../db/migrate.js';
+import { pingDatabase } from '../db/pool.js';
+import { buildHttpServer } from '../http/http-server.js';
+import type { KeelLogger } from '../log/logger.js';
+import { KeelQueues, type QueueBackend } from '../queue/keel-queues.js';
+import { prepareSealing } from '../sealing/master-key-store.js';
+import { createMaintenanceProcessor, scheduleMaintenance, SWEEP_EVERY_MS } from '../../workers/maintenance.js';
+import type { KeelContext } from './keel-context.js';
+import { openDatabase, type DatabaseHandle } from './open-database.js';
+
+export type KeelInstance = {
+  context: KeelContext;
+  http: FastifyInstance;
+  /** The address the HTTP server listens on. */
+  url: string;
+  stop: () => Promise<void>;
+};
+
+export type StartOptions = {
+  env?: NodeJS.ProcessEnv;
+  /** BullMQ key prefix; tests give each file its own. */
+  queuePrefix?: string;
+  sweepEveryMs?: number;
+  /** Skip the HTTP listener (workers only). */
+  listen?: boolean;
+};
+
+export type StartResult = { ok: true; keel: KeelInstance } | { ok: false; stage: string; message: string };
+
+export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix?: string): QueueBackend {
+  return config.queue.redisUrl
+    ? { kind: 'redis', url: config.queue.redisUrl, prefix }
+    : { kind: 'postgres', connectionString: databaseUrl, prefix };
+}
+
+/**
+ * Boots one Keel process holding every role: database (embedded or external), migrations, sealing,
+ * queues and their workers, and the HTTP server. Each stage that fails stops start-up with a
+ * message naming it, after releasing what the earlier stages took.
+ */
+export async function startKeel(config: KeelConfig, logger: KeelLogger, options: StartOptions = {}): Promise<StartResult> {
+  const env = options.env ?? process.env;
+  const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel' });
+  if (!opened.ok) return { ok: false, stage: 'database', message: opened.message };
+  const database: DatabaseHandle = opened.database;
+  const cleanup: Array<() => Promise<void>> = [() => database.close()];
+  const fail = async (stage: string, message: string): Promise<StartResult> => {
+    for (const step of cleanup.reverse()) await step().catch(() => undefined);
+    return { ok: false, stage, message };
+  };
+
+  const migrated = await migrate(database.url).catch((error: Error) => ({ ok: false as const, message: error.message }));
+  if (!migrated.ok) return fail('migrate', migrated.message);
+  if (migrated.applied.length > 0) logger.info({ applied: migrated.applied }, 'migrations applied');
+
+  const sealing = await prepareSealing(database.pool, config.security.masterKeyFile, env);
+  if (!sealing.ok) return fail('master key', sealing.message);
+  if (sealing.created) logger.info({ file: config.security.masterKeyFile, keyId: sealing.sealer.activeKeyId }, 'created a new master key file');
+
+  const queues = new KeelQueues(queueBackendFor(config, database.url, options.queuePrefix), logger);
+  cleanup.push(() => queues.close());
+  const queueReady = await queues.waitUntilReady().then(() => null, (error: Error) => error);
+  if (queueReady) return fail('queue', `queue backend (${queues.backend.kind}) is not reachable: ${queueReady.message}`);
+
+  const context: KeelContext = {
+    config,
+    pool: database.pool,
+    queues,
+    sealer: sealing.sealer,
+    logger,
+    workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
+  };
+
+  queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
+  await scheduleMaintenance(context, options.sweepEveryMs ?? SWEEP_EVERY_MS);
+
+  const http = buildHttpServer({
+    logger,
+    bodyLimitBytes: config.server.bodyLimitBytes,
+    readiness: async () => {
+      const [databaseOk, queueOk] = await Promise.all([pingDatabase(database.pool), queues.ping()]);
+      return { database: databaseOk, queue: queueOk };
+    },
+  });
+  cleanup.push(() => http.close());
+  let url = '';
+  if (options.listen !== false) {
+    try {
+      url = await http.listen({ host: config.server.host, port: config.server.port });
+    } catch (error) {
+      return fail('http', `cannot listen on ${config.server.host}:${config.server.port}: ${(error as Error).message}`);
+    }
+  } else {
+    await http.ready();
+  }
+
+  let stopping: Promise<void> | null = null;
+  const stop = () => {
+    // Order matters: stop taking requests, let workers finish, then close queues, pool, database.
+    stopping ??= (async () => {
+      await http.close().catch(() => undefined);
+      await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
+      await database.close();
+    })();
+    return stopping;
+  };
+  return { ok: true, keel: { context, http, url, stop } };
+}

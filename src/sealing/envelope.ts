@@ -1,0 +1,225 @@
+/**
+ * Envelope encryption for sealed columns (DESIGN.md, Privacy).
+ *
+ * Every value gets a fresh random 32-byte data key. The plaintext is encrypted with the data key and
+ * the data key is wrapped with the active master key, both with AES-256-GCM. Rotating a master key
+ * then only rewraps 32 bytes per value; the ciphertext is never rewritten.
+ *
+ * Binary format (stored in bytea columns; offsets are 0-based, SQL substring is 1-based):
+ *
+ *   offset  length  field
+ *   0       1       version, 0x01
+ *   1       8       master key id, raw bytes (hex of these is MasterKey.id);
+ *                   SQL: encode(substring(col from 2 for 8), 'hex')
+ *   9       12      wrap IV
+ *   21      32      wrapped data key
+ *   53      16      wrap tag
+ *   69      12      data IV
+ *   81      16      data tag
+ *   97      rest    ciphertext (same length as the plaintext, may be empty)
+ *
+ * Additional authenticated data:
+ *   data: `keel:v1|<table>|<column>|<rowId>`: a value copied into another row, column or table
+ *         fails to open. It leaves out the key id so that rewrapping never touches the ciphertext.
+ *   wrap: `keel:v1:wrap|<keyId>|<table>|<column>|<rowId>`: a wrapped key is bound to the key id
+ *         written beside it and to the same place, so neither can be swapped on its own.
+ *
+ * Every failure returns a reason and never any plaintext: callers cannot mistake a forged or moved
+ * value for a real one.
+ */
+import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { MASTER_KEY_ID_BYTES, type MasterKey, type MasterKeyRing } from './master-key.js';
+
+export type SealContext = { table: string; column: string; rowId: string };
+
+export type OpenFailure =
+  | { ok: false; reason: 'unknown_key'; keyId: string }
+  | { ok: false; reason: 'malformed' }
+  | { ok: false; reason: 'authentication_failed' };
+export type OpenResult = { ok: true; value: Buffer } | OpenFailure;
+export type OpenJsonResult = { ok: true; value: unknown } | OpenFailure;
+export type RewrapResult = { ok: true; sealed: Buffer; changed: boolean } | OpenFailure;
+
+export const SEALED_VERSION = 0x01;
+const IV_BYTES = 12;
+const TAG_BYTES = 16;
+const DATA_KEY_BYTES = 32;
+
+const KEY_ID_AT = 1;
+const WRAP_IV_AT = KEY_ID_AT + MASTER_KEY_ID_BYTES;
+const WRAPPED_KEY_AT = WRAP_IV_AT + IV_BYTES;
+const WRAP_TAG_AT = WRAPPED_KEY_AT + DATA_KEY_BYTES;
+const DATA_IV_AT = WRAP_TAG_AT + TAG_BYTES;
+const DATA_TAG_AT = DATA_IV_AT + IV_BYTES;
+/** Length of everything before the ciphertext, which is the shortest valid sealed value (97). */
+export const SEALED_HEADER_BYTES = DATA_TAG_AT + TAG_BYTES;
+
+const MALFORMED = Object.freeze({ ok: false, reason: 'malformed' } as const);
+const AUTH_FAILED = Object.freeze({ ok: false, reason: 'authentication_failed' } as const);
+
+// '|' separates the fields, so a '|' in table or column would let two different places share an AAD
+// ("a|b","c" vs "a","b|c"). rowId is last and may contain anything. Bad contexts are programming
+// errors, so they throw instead of producing a result.
+function checkContext(ctx: SealContext): void {
+  for (const [name, value] of [['table', ctx.table], ['column', ctx.column]] as const) {
+    if (typeof value !== 'string' || value.length === 0 || value.includes('|')) {
+      throw new TypeError(`seal context ${name} must be a non-empty string without '|'`);
+    }
+  }
+  if (typeof ctx.rowId !== 'string' || ctx.rowId.length === 0) {
+    throw new TypeError('seal context rowId must be a non-empty string');
+  }
+}
+
+function dataAad(ctx: SealContext): Buffer {
+  return Buffer.from(`keel:v1|${ctx.table}|${ctx.column}|${ctx.rowId}`, 'utf8');
+}
+
+function wrapAad(keyId: string, ctx: SealContext): Buffer {
+  return Buffer.from(`keel:v1:wrap|${keyId}|${ctx.table}|${ctx.column}|${ctx.rowId}`, 'utf8');
+}
+
+function gcmEncrypt(key: Buffer, aad: Buffer, plaintext: Buffer): { iv: Buffer; tag: Buffer; ciphertext: Buffer } {
+  // Random 96-bit IVs: a data key is used once, and a master key wraps far fewer than the 2^32
+  // values after which random IV collisions would become a concern.
+  const iv = randomBytes(IV_BYTES);
+  const cipher = createCipheriv('aes-256-gcm', key, iv, { authTagLength: TAG_BYTES });
+  cipher.setAAD(aad);
+  const ciphertext = Buffer.concat([cipher.update(plaintext), cipher.final()]);
+  return { iv, tag: cipher.getAuthTag(), ciphertext };
+}
+
+/** Returns null when the tag does not verify; never returns unauthenticated bytes. */
+function gcmDecrypt(key: Buffer, aad: Buffer, iv: Buffer, tag: Buffer, ciphertext: Buffer): Buffer | null {
+  const decipher = createDecipheriv('aes-256-gcm', key, iv, { authTagLength: TAG_BYTES });
+  decipher.setAAD(aad);
+  decipher.setAuthTag(tag);
+  const head = decipher.update(ciphertext);
+  try {
+    return Buffer.concat([head, decipher.final()]);
+  } catch {
+    head.fill(0);
+    return null;
+  }
+}
+
+function wrapDataKey(master: MasterKey, ctx: SealContext, dataKey: Buffer): Buffer {
+  const wrapped = gcmEncrypt(master.key, wrapAad(master.id, ctx), dataKey);
+  return Buffer.concat([Buffer.from([SEALED_VERSION]), Buffer.from(master.id, 'hex'), wrapped.iv, wrapped.ciphertext, wrapped.tag]);
+}
+
+type Unwrapped = { ok: true; keyId: string; dataKey: Buffer } | OpenFailure;
+
+function unwrapDataKey(ring: MasterKeyRing, ctx: SealContext, sealed: Buffer): Unwrapped {
+  checkContext(ctx);
+  if (!Buffer.isBuffer(sealed) || sealed.length < SEALED_HEADER_BYTES || sealed[0] !== SEALED_VERSION) {
+    return MALFORMED;
+  }
+  const keyId = sealed.subarray(KEY_ID_AT, WRAP_IV_AT).toString('hex');
+  const master = ring.byId(keyId);
+  if (master === undefined) {
+    return { ok: false, reason: 'unknown_key', keyId };
+  }
+  const dataKey = gcmDecrypt(
+    master.key,
+    wrapAad(keyId, ctx),
+    sealed.subarray(WRAP_IV_AT, WRAPPED_KEY_AT),
+    sealed.subarray(WRAP_TAG_AT, DATA_IV_AT),
+    sealed.subarray(WRAPPED_KEY_AT, WRAP_TAG_AT),
+  );
+  return dataKey === null ? AUTH_FAILED : { ok: true, keyId, dataKey };
+}
+
+function decryptData(dataKey: Buffer, ctx: SealContext, sealed: Buffer): Buffer | null {
+  return gcmDecrypt(
+    dataKey,
+    dataAad(ctx),
+    sealed.subarray(DATA_IV_AT, DATA_TAG_AT),
+    sealed.subarray(DATA_TAG_AT, SEALED_HEADER_BYTES),
+    sealed.subarray(SEALED_HEADER_BYTES),
+  );
+}
+
+export function sealBytes(ring: MasterKeyRing, ctx: SealContext, plaintext: Buffer): Buffer {
+  checkContext(ctx);
+  const dataKey = randomBytes(DATA_KEY_BYTES);
+  try {
+    const header = wrapDataKey(ring.active, ctx, dataKey);
+    const data = gcmEncrypt(dataKey, dataAad(ctx), plaintext);
+    return Buffer.concat([header, data.iv, data.tag, data.ciphertext]);
+  } finally {
+    dataKey.fill(0);
+  }
+}
+
+/** Seals JSON.stringify(value); throws a TypeError for values JSON cannot represent (undefined, functions). */
+export function sealJson(ring: MasterKeyRing, ctx: SealContext, value: unknown): Buffer {
+  const json: string | undefined = JSON.stringify(value);
+  if (json === undefined) {
+    throw new TypeError('sealJson: value has no JSON representation');
+  }
+  return sealBytes(ring, ctx, Buffer.from(json, 'utf8'));
+}
+
+export function openBytes(ring: MasterKeyRing, ctx: SealContext, sealed: Buffer): OpenResult {
+  const unwrapped = unwrapDataKey(ring, ctx, sealed);
+  if (!unwrapped.ok) {
+    return unwrapped;
+  }
+  try {
+    const value = decryptData(unwrapped.dataKey, ctx, sealed);
+    return value === null ? AUTH_FAILED : { ok: true, value };
+  } finally {
+    unwrapped.dataKey.fill(0);
+  }
+}
+
+/** Like openBytes, then JSON.parse; authentic bytes that are not JSON count as malformed. */
+export function openJson(ring: MasterKeyRing, ctx: SealContext, sealed: Buffer): OpenJsonResult {
+  const opened = openBytes(ring, ctx, sealed);
+  if (!opened.ok) {
+    return opened;
+  }
+  try {
+    return { ok: true, value: JSON.parse(opened.value.toString('utf8')) as unknown };
+  } catch {
+    return MALFORMED;
+  } finally {
+    opened.value.fill(0);
+  }
+}
+
+/** Hex key id of the master key a sealed value names, or null if it is not a sealed value. */
+export function sealedKeyId(sealed: Buffer): string | null {
+  if (!Buffer.isBuffer(sealed) || sealed.length < SEALED_HEADER_BYTES || sealed[0] !== SEALED_VERSION) {
+    return null;
+  }
+  return sealed.subarray(KEY_ID_AT, WRAP_IV_AT).toString('hex');
+}
+
+/**
+ * Rewraps the data key under the ring's active key; data IV, tag and ciphertext are copied as they
+ * are. The whole value is authenticated first, so rotation reports a damaged value instead of
+ * stamping a fresh wrap onto it. When the value is already under the active key the input buffer is
+ * returned unchanged.
+ */
+export function rewrapSealed(ring: MasterKeyRing, ctx: SealContext, sealed: Buffer): RewrapResult {
+  const unwrapped = unwrapDataKey(ring, ctx, sealed);
+  if (!unwrapped.ok) {
+    return unwrapped;
+  }
+  try {
+    const plaintext = decryptData(unwrapped.dataKey, ctx, sealed);
+    if (plaintext === null) {
+      return AUTH_FAILED;
+    }
+    plaintext.fill(0);
+    if (unwrapped.keyId === ring.active.id) {
+      return { ok: true, sealed, changed: false };
+    }
+    const header = wrapDataKey(ring.active, ctx, unwrapped.dataKey);
+    return { ok: true, sealed: Buffer.concat([header, sealed.subarray(DATA_IV_AT)]), changed: true };
+  } finally {
+    unwrapped.dataKey.fill(0);
+  }
+}
