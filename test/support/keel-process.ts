@@ -1,0 +1,84 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+export const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
+export const KEEL_BIN = fileURLToPath(new URL('../../bin/keel.js', import.meta.url));
+
+export type KeelProcess = {
+  child: ChildProcess;
+  lines: string[];
+  /** Resolves with the first JSON log line whose msg matches. */
+  waitForLog: (msg: string | RegExp, timeoutMs?: number) => Promise<Record<string, unknown>>;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+};
+
+/** Environment for a child Keel without the suite's own KEEL_* settings leaking in. */
+export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(process.env)) if (!key.startsWith('KEEL_') && !key.startsWith('VITEST')) env[key] = value;
+  return { ...env, KEEL_LOG_LEVEL: 'info', ...extra };
+}
+
+export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): KeelProcess {
+  const child = spawn(process.execPath, [KEEL_BIN, ...args], { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const lines: string[] = [];
+  const waiters: Array<{ match: (line: Record<string, unknown>) => boolean; resolve: (line: Record<string, unknown>) => void }> = [];
+  const onLine = (line: string) => {
+    lines.push(line);
+    let parsed: Record<string, unknown> | null = null;
+    try {
+      parsed = JSON.parse(line) as Record<string, unknown>;
+    } catch {
+      return;
+    }
+    for (const waiter of [...waiters]) {
+      if (waiter.match(parsed)) {
+        waiters.splice(waiters.indexOf(waiter), 1);
+        waiter.resolve(parsed);
+      }
+    }
+  };
+  let buffered = '';
+  const onData = (chunk: Buffer) => {
+    buffered += chunk.toString('utf8');
+    const parts = buffered.split('\n');
+    buffered = parts.pop() ?? '';
+    parts.forEach(onLine);
+  };
+  child.stdout!.on('data', onData);
+  child.stderr!.on('data', onData);
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  return {
+    child,
+    lines,
+    exited,
+    waitForLog: (msg, timeoutMs = 60_000) =>
+      new Promise((resolve, reject) => {
+        const match = (line: Record<string, unknown>) => (typeof msg === 'string' ? line.msg === msg : msg.test(String(line.msg)));
+        const timer = setTimeout(() => reject(new Error(`no log "${String(msg)}" within ${timeoutMs} ms:\n${lines.join('\n')}`)), timeoutMs);
+        void exited.then(({ code }) => {
+          clearTimeout(timer);
+          reject(new Error(`keel exited (${code}) before logging "${String(msg)}":\n${lines.join('\n')}`));
+        });
+        waiters.push({
+          match,
+          resolve: (line) => {
+            clearTimeout(timer);
+            resolve(line);
+          },
+        });
+      }),
+  };
+}
+
+export async function runKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [KEEL_BIN, ...args], { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString('utf8')));
+  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
+  const code = await new Promise<number | null>((resolve) => child.on('exit', (exitCode) => resolve(exitCode)));
+  return { code, stdout, stderr };
+}

@@ -1,0 +1,64 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadConfig, type KeelConfig } from '../../src/config/load-config.js';
+import { silentLogger, type KeelLogger } from '../../src/log/logger.js';
+import { encodeMasterKey, generateMasterKey } from '../../src/sealing/master-key.js';
+import { startKeel, type KeelInstance, type StartOptions } from '../../src/runtime/start-keel.js';
+import { createEmptyDatabase } from './test-database.js';
+import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from './test-queues.js';
+
+export type TestKeel = KeelInstance & { config: KeelConfig; databaseUrl: string; masterKey: string; dispose: () => Promise<void> };
+
+export function tempDir(prefix = 'keel-test-'): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/**
+ * Builds a config the way an operator would (YAML-shaped input through the real loader) on a
+ * database of its own and the suite's queue backend.
+ */
+export function testConfig(databaseUrl: string, overrides: Record<string, unknown> = {}, env: Record<string, string> = {}): KeelConfig {
+  const loaded = loadConfig({
+    configPath: undefined,
+    cwd: tempDir(),
+    env: {
+      KEEL_DATABASE_URL: databaseUrl,
+      KEEL_SERVER_PORT: '0',
+      KEEL_DATA_DIR: tempDir('keel-data-'),
+      ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
+      ...Object.fromEntries(Object.entries(overrides).map(([key, value]) => [key, typeof value === 'string' ? value : JSON.stringify(value)])),
+      ...env,
+    },
+  });
+  if (!loaded.ok) throw new Error(loaded.problems.join('\n'));
+  return loaded.config;
+}
+
+export async function startTestKeel(
+  options: { env?: Record<string, string>; overrides?: Record<string, unknown>; logger?: KeelLogger; start?: StartOptions; databaseUrl?: string } = {},
+): Promise<TestKeel> {
+  const database = options.databaseUrl ? null : await createEmptyDatabase();
+  const databaseUrl = options.databaseUrl ?? database!.url;
+  const masterKey = options.env?.KEEL_MASTER_KEY ?? encodeMasterKey(generateMasterKey());
+  const config = testConfig(databaseUrl, options.overrides, options.env);
+  const started = await startKeel(config, options.logger ?? silentLogger(), {
+    env: { KEEL_MASTER_KEY: masterKey },
+    queuePrefix: testQueuePrefix(),
+    ...options.start,
+  });
+  if (!started.ok) {
+    await database?.drop();
+    throw new Error(`keel did not start (${started.stage}): ${started.message}`);
+  }
+  return {
+    ...started.keel,
+    config,
+    databaseUrl,
+    masterKey,
+    dispose: async () => {
+      await started.keel.stop();
+      await database?.drop();
+    },
+  };
+}
