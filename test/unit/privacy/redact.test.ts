@@ -380,7 +380,9 @@ describe('redactValue', () => {
   });
 
   it('keeps sparse array length and order', () => {
-    const out = redactValue(['a@example.com', , 'b']) as unknown[];
+    const sparse: string[] = ['a@example.com'];
+    sparse[2] = 'b';
+    const out = redactValue(sparse) as unknown[];
     expect(out).toHaveLength(3);
     expect(out).toEqual(['***', undefined, 'b']);
   });
