@@ -1,9 +1,9 @@
 import type { Job } from 'bullmq';
-import { listQueuedRunIds } from '../src/runs/run-repository.js';
-import { runJobId } from '../src/queue/job-ids.js';
-import type { KeelContext } from '../src/runtime/keel-context.js';
 import { sql } from 'slonik';
 import { z } from 'zod';
+import { runJobId } from '../src/queue/job-ids.js';
+import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
+import type { KeelContext } from '../src/runtime/keel-context.js';
 
 // The maintenance queue's processor. The sweep is the repair path of the outbox rule: every debt
 // recorded in Postgres whose job is missing gets its job again, so wiping Redis loses no work.
@@ -13,6 +13,8 @@ export const SWEEP_EVERY_MS = 15_000;
 const SWEEP_BATCH = 1000;
 
 export type SweepReport = { queuedRuns: number; restored: number };
+export type ReapReport = { requeued: number; deadLettered: number };
+export type ReaperPolicy = { maxRequeues: number; requeueBaseMs: number; requeueMaxMs: number };
 
 const dueRow = z.object({ id: z.string(), delay_ms: z.number() });
 
@@ -28,15 +30,68 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
     const outcome = await context.queues.ensureJob('runs', runJobId(row.id), { runId: row.id }, { delayMs: row.delay_ms });
     if (outcome === 'added') restored += 1;
   }
+  // A resume handed to a worker ('handoff:') is a debt too until a worker takes it.
+  const handoffs = await context.pool.anyFirst(sql.type(z.object({ id: z.string() }))`
+    SELECT id FROM runs WHERE status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
+  for (const id of handoffs) {
+    if ((await context.queues.ensureJob('runs', runJobId(id), { runId: id })) === 'added') restored += 1;
+  }
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing run jobs');
   return { queuedRuns: rows.length, restored };
 }
 
+const expiredRow = z.object({ id: z.string(), requeue_count: z.number(), inside_non_idempotent_call: z.string().nullable() });
+
+/** Delay before the n-th requeue (n from 0): min(base × 2^n, max). */
+export function requeueDelayMs(policy: ReaperPolicy, requeueCount: number): number {
+  return Math.min(policy.requeueMaxMs, policy.requeueBaseMs * 2 ** requeueCount);
+}
+
+/**
+ * The reaper: RUNNING runs whose lease expired belong to a worker that crashed or hung. Each is
+ * requeued after a growing delay, at most `maxRequeues` times, else dead-lettered. A run that was
+ * inside a non-idempotent tool call is dead-lettered at once: retrying could repeat the write.
+ */
+export async function reapExpiredLeases(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>, policy: ReaperPolicy): Promise<ReapReport> {
+  const expired = await context.pool.any(sql.type(expiredRow)`
+    SELECT id, requeue_count, inside_non_idempotent_call FROM runs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at LIMIT ${SWEEP_BATCH}`);
+  const report: ReapReport = { requeued: 0, deadLettered: 0 };
+  for (const run of expired) {
+    if (run.inside_non_idempotent_call !== null || run.requeue_count >= policy.maxRequeues) {
+      if (await deadLetterRun(context.pool, run.id)) {
+        report.deadLettered += 1;
+        context.logger.warn(
+          { runId: run.id, requeues: run.requeue_count, insideNonIdempotentCall: run.inside_non_idempotent_call !== null },
+          'run dead-lettered after its lease expired',
+        );
+      }
+      continue;
+    }
+    const delayMs = requeueDelayMs(policy, run.requeue_count);
+    if (await requeueRun(context.pool, run.id, delayMs)) {
+      report.requeued += 1;
+      await context.queues.ensureJob('runs', runJobId(run.id), { runId: run.id }, { delayMs });
+      context.logger.info({ runId: run.id, delayMs, requeues: run.requeue_count + 1 }, 'run requeued after its lease expired');
+    }
+  }
+  return report;
+}
+
 export function createMaintenanceProcessor(context: KeelContext) {
+  const policy: ReaperPolicy = {
+    maxRequeues: context.config.runs.maxRequeues,
+    requeueBaseMs: context.config.runs.requeueBaseSeconds * 1000,
+    requeueMaxMs: context.config.runs.requeueMaxSeconds * 1000,
+  };
   return async (job: Job): Promise<unknown> => {
     switch (job.name) {
-      case SWEEP_JOB:
-        return sweepDebts(context);
+      case SWEEP_JOB: {
+        const reaped = await reapExpiredLeases(context, policy);
+        const swept = await sweepDebts(context);
+        return { ...reaped, ...swept };
+      }
       default:
         context.logger.warn({ name: job.name }, 'unknown maintenance job ignored');
         return null;

@@ -3,7 +3,7 @@ import { createLogger } from '../log/logger.js';
 import { startKeel } from '../runtime/start-keel.js';
 import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions } from './cli-support.js';
 
-const STAGE_EXIT: Record<string, number> = { database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
+const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
 
 export function registerStartCommand(program: Command, globals: () => GlobalOptions): void {
   program

@@ -143,6 +143,31 @@ const skillSchema = z
   })
   .strict();
 
+const guardrailStage = z.enum(['input', 'answer']);
+
+const guardrailSchema = z.discriminatedUnion('type', [
+  z
+    .object({
+      type: z.literal('denyPattern'),
+      name: z.string().min(1),
+      patterns: z.array(z.string().min(1)).min(1),
+      ignoreCase: z.boolean().default(true),
+      on: z.array(guardrailStage).min(1).default(['input', 'answer']),
+      action: z.enum(['deny', 'requireApproval']).default('deny'),
+      reason: z.string().min(1).optional(),
+    })
+    .strict(),
+  z
+    .object({
+      type: z.literal('module'),
+      name: z.string().min(1),
+      module: z.string().min(1),
+      export: z.string().min(1).default('default'),
+      on: z.array(guardrailStage).min(1).default(['input', 'answer']),
+    })
+    .strict(),
+]);
+
 const agentId = z
   .string()
   .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, 'expected lowercase letters, digits, - or _ (at most 63)');
@@ -164,7 +189,28 @@ const agentSchema = z
       .strict()
       .default({}),
     privacy: privacyCeilings.optional(),
+    guardrails: z.array(guardrailSchema).default([]),
+    systemPrompt: z.string().optional(),
     skills: z.array(skillSchema).default([]),
+  })
+  .strict();
+
+const runsSchema = z
+  .object({
+    concurrency: z.number().int().min(1).max(1000).default(16),
+    leaseSeconds: z.number().positive().max(3600).default(60),
+    heartbeatSeconds: z.number().positive().max(600).default(20),
+    maxRequeues: z.number().int().min(0).max(100).default(3),
+    requeueBaseSeconds: z.number().min(0).max(3600).default(30),
+    requeueMaxSeconds: z.number().min(0).max(86_400).default(600),
+    providerAttempts: z.number().int().min(1).max(10).default(2),
+    providerBackoffMs: z.number().int().min(0).max(60_000).default(500),
+  })
+  .strict();
+
+const maintenanceSchema = z
+  .object({
+    sweepSeconds: z.number().positive().max(3600).default(15),
   })
   .strict();
 
@@ -200,7 +246,10 @@ export const configSchema = z
     a2a: a2aSchema.default({}),
     push: pushSchema.default({}),
     providers: z.record(z.string().regex(/^[a-z0-9][a-z0-9_-]*$/), providerSchema).default({ echo: { type: 'echo' } }),
+    toolModules: z.array(z.string().min(1)).default([]),
     agents: z.array(agentSchema).default(DEFAULT_AGENTS),
+    runs: runsSchema.default({}),
+    maintenance: maintenanceSchema.default({}),
     remoteAgents: z.array(remoteAgentSchema).default([]),
   })
   .strict();
@@ -212,4 +261,6 @@ export type ProviderConfig = z.output<typeof providerSchema>;
 export type AgentConfig = z.output<typeof agentSchema>;
 export type RemoteAgentConfig = z.output<typeof remoteAgentSchema>;
 export type ScriptedStep = z.output<typeof scriptedStep>;
+export type GuardrailConfig = z.output<typeof guardrailSchema>;
+export type GuardrailStage = z.infer<typeof guardrailStage>;
 export type ProviderErrorClass = z.infer<typeof errorClass>;

@@ -34,6 +34,8 @@ export type CreateRunInput = {
   agent: string;
   auditLevel: PrivacyLevel;
   answerLevel: PrivacyLevel;
+  /** The provider of the chain the ceilings were resolved with (the primary). */
+  provider?: string;
   request: unknown;
 };
 
@@ -41,8 +43,8 @@ export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput): 
   const id = input.id ?? randomUUID();
   const sealed = sealer.sealJson(queuedRequestContext(id), input.request);
   return db.one(sql.type(runRow)`
-    INSERT INTO runs (id, agent, status, audit_level, answer_level, queued_request)
-    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${sql.binary(sealed)})
+    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, queued_request)
+    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null}, ${sql.binary(sealed)})
     RETURNING *`);
 }
 
@@ -51,6 +53,18 @@ export async function getRun(db: Db, runId: string): Promise<RunRow | null> {
 }
 
 export type Claim = { workerId: string; leaseMs: number };
+
+/** Counters a worker reports with a suspension or a settle. */
+export type RunTotals = { iterations: number; toolCalls: number; inputTokens: number; outputTokens: number };
+
+const totalsFragment = (totals: RunTotals | undefined) =>
+  totals === undefined
+    ? sql.fragment``
+    : sql.fragment`, iterations = ${totals.iterations}, tool_calls = ${totals.toolCalls},
+        input_tokens = ${totals.inputTokens}, output_tokens = ${totals.outputTokens}`;
+
+/** The claimant of a resume decided outside a worker (CLI, UI, API) until a worker takes it over. */
+export const HANDOFF_PREFIX = 'handoff:';
 
 /** QUEUED → RUNNING for one run whose delay has passed; stamps the owner and the lease. */
 export async function claimQueuedRun(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
@@ -103,19 +117,22 @@ export async function suspendRun(
   workerId: string,
   status: SuspendStatus,
   state: unknown,
+  totals?: RunTotals,
 ): Promise<RunRow | null> {
   const event = SUSPEND_EVENT[status];
   const sealed = sealer.sealJson(suspendedStateContext(runId), state);
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)},
-      claimed_by = NULL, lease_expires_at = NULL, revision = revision + 1, updated_at = now()
+      claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
+      revision = revision + 1, updated_at = now() ${totalsFragment(totals)}
     WHERE id = ${runId} AND status = ANY(${from(event)}) AND claimed_by = ${workerId}
     RETURNING *`);
 }
 
 /**
  * waiting → RUNNING through one guarded claim, so two approvals (or a callback racing a poll) cannot
- * both resume the run. `expectedRevision` binds the claim to the suspension that was shown.
+ * both resume the run. `expectedRevision` binds the claim to the suspension that was shown;
+ * `resumeState` (sealed) replaces the suspended state in the same write, carrying the decision.
  */
 export async function claimForResume(
   db: Db,
@@ -123,21 +140,48 @@ export async function claimForResume(
   waitingStatus: SuspendStatus,
   claim: Claim,
   expectedRevision?: number,
+  resume?: { sealer: Sealer; state: unknown },
 ): Promise<RunRow | null> {
   const event = RESUME_EVENT[waitingStatus];
+  const state = resume ? sql.fragment`, suspended_state = ${sql.binary(resume.sealer.sealJson(suspendedStateContext(runId), resume.state))}` : sql.fragment``;
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to(event)}, claimed_by = ${claim.workerId},
       lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
-      revision = revision + 1, updated_at = now()
+      revision = revision + 1, updated_at = now() ${state}
     WHERE id = ${runId} AND status = ${waitingStatus} AND status = ANY(${from(event)})
       ${expectedRevision === undefined ? sql.fragment`` : sql.fragment`AND revision = ${expectedRevision}`}
     RETURNING *`);
+}
+
+/**
+ * A worker takes over a resume that a decider (CLI, UI, API) claimed as `handoff:<nonce>`. Only
+ * that handoff is taken, by one worker.
+ */
+export async function takeOverHandoff(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET claimed_by = ${claim.workerId},
+      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`}
+    RETURNING *`);
+}
+
+/** Marks (or clears) that the run is inside a non-idempotent tool call; only the owner may. */
+export async function markNonIdempotentCall(db: Db, runId: string, workerId: string, toolCallId: string | null): Promise<boolean> {
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE runs SET inside_non_idempotent_call = ${toolCallId}
+    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${workerId}
+    RETURNING id`);
+  return row !== null;
 }
 
 export type SettleInput = {
   status: TerminalRunStatus;
   reason: TerminationReason;
   errorClass?: string | null;
+  /** Why, without content: a guardrail's name and configured reason, a provider's error class. */
+  failureDetail?: Record<string, unknown> | null;
+  totals?: RunTotals;
   /** When given, only this worker's claim may settle (a worker that lost its lease cannot). */
   workerId?: string;
 };
@@ -159,8 +203,12 @@ export async function settleRun(db: Db, logger: KeelLogger, runId: string, input
   const truncated = TRUNCATING_REASONS.includes(input.reason);
   const run = await db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${input.status}, termination_reason = ${input.reason}, truncated = ${truncated},
-      error_class = ${input.errorClass ?? null}, claimed_by = NULL, lease_expires_at = NULL,
-      inside_non_idempotent_call = NULL, settled_at = now(), revision = revision + 1, updated_at = now()
+      error_class = ${input.errorClass ?? null},
+      failure_detail = ${input.failureDetail ? sql.jsonb(input.failureDetail as never) : null},
+      claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
+      -- A settled run needs neither its request nor its suspended turn any more: keep nothing.
+      queued_request = NULL, suspended_state = NULL,
+      settled_at = now(), revision = revision + 1, updated_at = now() ${totalsFragment(input.totals)}
     WHERE id = ${runId} AND status = ANY(${from(event)})
       ${input.workerId === undefined ? sql.fragment`` : sql.fragment`AND (status <> 'running' OR claimed_by = ${input.workerId})`}
     RETURNING *`);
@@ -189,7 +237,9 @@ export async function requeueRun(db: Db, runId: string, delayMs: number): Promis
 export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to('DEAD_LETTER')}, termination_reason = 'retries_exhausted',
-      claimed_by = NULL, lease_expires_at = NULL, settled_at = now(), revision = revision + 1, updated_at = now()
+      failure_detail = jsonb_build_object('requeues', requeue_count, 'insideNonIdempotentCall', inside_non_idempotent_call IS NOT NULL),
+      claimed_by = NULL, lease_expires_at = NULL, queued_request = NULL, suspended_state = NULL,
+      settled_at = now(), revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now()
     RETURNING *`);
 }

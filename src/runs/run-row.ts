@@ -25,6 +25,8 @@ export const runRow = z.object({
   output_tokens: z.number(),
   error_class: z.string().nullable(),
   inside_non_idempotent_call: z.string().nullable(),
+  failure_detail: z.record(z.unknown()).nullable(),
+  provider: z.string().nullable(),
   created_at: z.number(),
   updated_at: z.number(),
   started_at: z.number().nullable(),

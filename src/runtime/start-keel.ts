@@ -8,12 +8,17 @@ import { buildHttpServer } from '../http/http-server.js';
 import type { KeelLogger } from '../log/logger.js';
 import { KeelQueues, type QueueBackend } from '../queue/keel-queues.js';
 import { prepareSealing } from '../sealing/master-key-store.js';
-import { createMaintenanceProcessor, scheduleMaintenance, SWEEP_EVERY_MS } from '../../workers/maintenance.js';
+import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
+import { createRunExecutor } from '../../workers/run-executor.js';
+import { buildAgentRegistry, type AgentRegistry } from '../agents/agent-registry.js';
+import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import type { KeelContext } from './keel-context.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 export type KeelInstance = {
   context: KeelContext;
+  registry: AgentRegistry;
+  fetch: ClosableGuardedFetch;
   http: FastifyInstance;
   /** The address the HTTP server listens on. */
   url: string;
@@ -25,6 +30,8 @@ export type StartOptions = {
   /** BullMQ key prefix; tests give each file its own. */
   queuePrefix?: string;
   sweepEveryMs?: number;
+  /** Which roles this process runs (`keel start --role`). */
+  role?: 'all' | 'api' | 'worker';
   /** Skip the HTTP listener (workers only). */
   listen?: boolean;
 };
@@ -44,10 +51,20 @@ export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix?
  */
 export async function startKeel(config: KeelConfig, logger: KeelLogger, options: StartOptions = {}): Promise<StartResult> {
   const env = options.env ?? process.env;
+  const role = options.role ?? 'all';
+  // Agents first: a config whose tools, guardrails or providers cannot be built stops start-up
+  // before anything else is touched.
+  const fetch = createGuardedFetch(config.security.addressGuard);
+  const built = await buildAgentRegistry(config, { fetch, env });
+  if (!built.ok) {
+    await fetch.close();
+    return { ok: false, stage: 'agents', message: built.problems.join('\n') };
+  }
+  const registry = built.registry;
   const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel' });
   if (!opened.ok) return { ok: false, stage: 'database', message: opened.message };
   const database: DatabaseHandle = opened.database;
-  const cleanup: Array<() => Promise<void>> = [() => database.close()];
+  const cleanup: Array<() => Promise<void>> = [() => fetch.close(), () => database.close()];
   const fail = async (stage: string, message: string): Promise<StartResult> => {
     for (const step of cleanup.reverse()) await step().catch(() => undefined);
     return { ok: false, stage, message };
@@ -75,8 +92,18 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
   };
 
-  queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
-  await scheduleMaintenance(context, options.sweepEveryMs ?? SWEEP_EVERY_MS);
+  if (role !== 'api') {
+    const executor = createRunExecutor(context, registry, fetch, {
+      leaseMs: config.runs.leaseSeconds * 1000,
+      heartbeatMs: config.runs.heartbeatSeconds * 1000,
+      providerAttempts: config.runs.providerAttempts,
+      providerBackoffMs: config.runs.providerBackoffMs,
+      maxBackoffMs: 60_000,
+    });
+    queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
+    queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
+    await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
+  }
 
   const http = buildHttpServer({
     logger,
@@ -104,9 +131,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     stopping ??= (async () => {
       await http.close().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
+      await fetch.close().catch(() => undefined);
       await database.close();
     })();
     return stopping;
   };
-  return { ok: true, keel: { context, http, url, stop } };
+  return { ok: true, keel: { context, registry, fetch, http, url, stop } };
 }

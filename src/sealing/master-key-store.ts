@@ -125,7 +125,7 @@ export type RotateResult =
   | { ok: true; activeKeyId: string; resumed: boolean; rewrapped: number; retired: string[] }
   | { ok: false; message: string };
 
-const sealedRow = z.object({ row_id: z.string(), value: z.instanceof(Buffer) });
+const sealedRow = z.object({ keys: z.array(z.string()), value: z.instanceof(Buffer) });
 const remainingRow = z.object({ key_id: z.string(), n: z.number() });
 
 /**
@@ -133,7 +133,10 @@ const remainingRow = z.object({ key_id: z.string(), n: z.number() });
  * rewraps every sealed value's data key in batches, each batch its own transaction. Interrupted, it
  * resumes: values already under the active key are skipped, and a key file that already starts
  * with an unfinished rotation's key is not given another one. Old keys stay in the key file so
- * values sealed by processes started before the rotation stay readable.
+ * values sealed by processes started before the rotation stay readable. An old key is retired (no
+ * longer required at start) only when no sealed value names it any more: values that could not be
+ * rewrapped (rows locked at the time) make the rotation report failure and keep their key required
+ * until a later run finishes.
  */
 export async function rotateMasterKey(
   pool: DatabasePool,
@@ -178,31 +181,39 @@ export async function rotateMasterKey(
     let rewrapped = 0;
     // Walk the table once in key order: restarting every batch from the top would rescan all the
     // rows already rewrapped, which makes a rotation quadratic in the table size.
-    let after: string | null = null;
+    let after: string[] | null = null;
+    // Page and update on the raw key columns (index order); ::text only builds the seal context.
+    const keyText = sql.join(column.keyColumns.map((key) => sql.fragment`${sql.identifier([key])}::text`), sql.fragment`, `);
+    const keyRaw = sql.join(column.keyColumns.map((key) => sql.identifier([key])), sql.fragment`, `);
     for (;;) {
       const batch = await pool.transaction(async (transaction) => {
         const rows = await transaction.any(sql.type(sealedRow)`
-          SELECT ${sql.identifier([column.idColumn])}::text AS row_id, ${sql.identifier([column.column])} AS value
+          SELECT ARRAY[${keyText}] AS keys,
+            ${sql.identifier([column.column])} AS value
           FROM ${sql.identifier([column.table])}
           WHERE ${notUnderActive(column)}
-            ${after === null ? sql.fragment`` : sql.fragment`AND ${sql.identifier([column.idColumn])} > ${after}`}
-          ORDER BY ${sql.identifier([column.idColumn])}
+            ${after === null ? sql.fragment`` : sql.fragment`AND (${keyRaw}) > (${sql.join(after, sql.fragment`, `)})`}
+          ORDER BY ${keyRaw}
           LIMIT ${batchSize} FOR UPDATE SKIP LOCKED`);
         for (const row of rows) {
-          const context = { table: column.table, column: column.column, rowId: row.row_id };
+          const rowId = row.keys.join('/');
+          const context = { table: column.table, column: column.column, rowId };
           const result = rewrapSealed(ring, context, row.value);
           if (!result.ok) {
-            throw new Error(`${column.table}.${column.column} row ${row.row_id}: cannot rewrap (${result.reason}${result.reason === 'unknown_key' ? ` ${result.keyId}` : ''})`);
+            throw new Error(`${column.table}.${column.column} row ${rowId}: cannot rewrap (${result.reason}${result.reason === 'unknown_key' ? ` ${result.keyId}` : ''})`);
           }
           await transaction.query(sql.unsafe`
             UPDATE ${sql.identifier([column.table])} SET ${sql.identifier([column.column])} = ${sql.binary(result.sealed)}
-            WHERE ${sql.identifier([column.idColumn])} = ${row.row_id}`);
+            WHERE ${sql.join(
+              column.keyColumns.map((key, index) => sql.fragment`${sql.identifier([key])} = ${row.keys[index]!}`),
+              sql.fragment` AND `,
+            )}`);
         }
         return rows;
       }).catch((error: Error) => error);
       if (batch instanceof Error) return { ok: false, message: batch.message };
       if (batch.length === 0) break;
-      after = batch[batch.length - 1]!.row_id;
+      after = batch[batch.length - 1]!.keys;
       rewrapped += batch.length;
       options.onProgress?.({ table: column.table, column: column.column, rewrapped });
     }

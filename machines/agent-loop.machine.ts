@@ -1,0 +1,410 @@
+import { assign, fromPromise, setup } from 'xstate';
+import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
+import { turnDigest } from '../src/runs/turn-digest.js';
+import type { TerminationReason } from './run.machine.js';
+
+// The agent loop of one run, as an actor: checkpoint (lease and cancellation), input guardrails,
+// model call, tool turn (or suspension for approval or input), answer guardrails, next round.
+// The machine decides; the worker provides the actors that do I/O (machine.provide).
+
+export type GuardrailOutcome =
+  | { verdict: 'allow' }
+  | { verdict: 'deny'; guardrail: string; reason: string }
+  | { verdict: 'requireApproval'; guardrail: string; reason: string };
+
+export type PendingApproval =
+  | { kind: 'tools'; calls: ToolCall[]; digest: string }
+  | { kind: 'guardrail'; stage: 'input' | 'answer'; guardrail: string; reason: string; answer: string | null; digest: string };
+
+export type PendingInput = { toolCallId: string; toolName: string; prompt: string; schema: Record<string, unknown> };
+
+export type ResumeInput =
+  | { kind: 'approval'; approved: boolean; digest: string }
+  | { kind: 'input'; value: unknown }
+  | { kind: 'tool_result'; toolCallId: string; toolName: string; content: string };
+
+export type LoopLimits = { maxIterations: number; tokenBudget: number | null };
+
+/** Everything needed to continue the loop; a suspension stores it sealed. */
+export type LoopState = {
+  transcript: TranscriptMessage[];
+  iteration: number;
+  toolCallCount: number;
+  inputTokens: number;
+  outputTokens: number;
+  providerIndex: number;
+  inputChecked: boolean;
+  lastText: string | null;
+  pendingApproval: PendingApproval | null;
+  pendingInput: PendingInput | null;
+  pendingDependency: { toolCallId: string; toolName: string; dependencyId: string } | null;
+  resume: ResumeInput | null;
+};
+
+export type LoopOutcome =
+  | { kind: 'complete'; reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>; answer: string | null }
+  | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
+  | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' }
+  | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
+
+export type LoopContext = LoopState & { limits: LoopLimits; outcome: LoopOutcome | null };
+
+export type CheckpointResult = { alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' };
+
+export type ModelStepResult =
+  | { kind: 'reply'; text: string | null; toolCalls: ToolCall[]; approvalRequired: boolean; providerIndex: number; inputTokens: number; outputTokens: number }
+  | { kind: 'failed'; reason: 'provider_failed' | 'not_retryable'; errorClass: string; detail: Record<string, unknown> }
+  | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
+
+export type ToolStepResult =
+  | { kind: 'done'; messages: TranscriptMessage[] }
+  | { kind: 'input_required'; messages: TranscriptMessage[]; pending: PendingInput }
+  | { kind: 'dependency'; messages: TranscriptMessage[]; pending: { toolCallId: string; toolName: string; dependencyId: string } }
+  | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
+
+const lastUserText = (transcript: readonly TranscriptMessage[]): string => {
+  for (let index = transcript.length - 1; index >= 0; index -= 1) {
+    const message = transcript[index]!;
+    if (message.role === 'user') return message.content;
+  }
+  return '';
+};
+
+const deniedMessages = (calls: readonly ToolCall[]): TranscriptMessage[] =>
+  calls.map((call) => ({ role: 'tool', toolCallId: call.id, name: call.name, content: `tool ${call.name} was denied by the operator` }));
+
+export const agentLoopMachine = setup({
+  types: {
+    context: {} as LoopContext,
+    input: {} as LoopContext,
+    output: {} as LoopOutcome,
+  },
+  actors: {
+    checkpoint: fromPromise<CheckpointResult, { context: LoopContext }>(async () => {
+      throw new Error('checkpoint actor not provided');
+    }),
+    checkGuardrails: fromPromise<GuardrailOutcome, { stage: 'input' | 'answer'; text: string }>(async () => {
+      throw new Error('checkGuardrails actor not provided');
+    }),
+    callModel: fromPromise<ModelStepResult, { context: LoopContext }>(async () => {
+      throw new Error('callModel actor not provided');
+    }),
+    runTools: fromPromise<ToolStepResult, { context: LoopContext; calls: ToolCall[] }>(async () => {
+      throw new Error('runTools actor not provided');
+    }),
+  },
+  guards: {
+    resumingApproval: ({ context }) => context.resume?.kind === 'approval' && context.pendingApproval !== null,
+    resumingInput: ({ context }) => (context.resume?.kind === 'input' && context.pendingInput !== null) || context.resume?.kind === 'tool_result',
+    inputUnchecked: ({ context }) => !context.inputChecked,
+    iterationsExhausted: ({ context }) => context.iteration >= context.limits.maxIterations,
+    budgetExhausted: ({ context }) =>
+      context.limits.tokenBudget !== null && context.inputTokens + context.outputTokens >= context.limits.tokenBudget,
+  },
+}).createMachine({
+  id: 'agentLoop',
+  context: ({ input }) => input,
+  initial: 'checkpoint',
+  states: {
+    checkpoint: {
+      invoke: {
+        src: 'checkpoint',
+        input: ({ context }) => ({ context }),
+        onDone: [
+          {
+            guard: ({ event }) => !event.output.alive,
+            target: 'done',
+            actions: assign({ outcome: ({ event }) => ({ kind: 'stop', why: event.output.alive ? 'lease_lost' : event.output.why }) }),
+          },
+          { target: 'route' },
+        ],
+      },
+    },
+    route: {
+      always: [
+        { guard: 'resumingApproval', target: 'applyingApproval' },
+        { guard: 'resumingInput', target: 'applyingInput' },
+        { guard: 'inputUnchecked', target: 'checkingInput' },
+        {
+          guard: 'iterationsExhausted',
+          target: 'done',
+          actions: assign({ outcome: ({ context }) => ({ kind: 'complete', reason: 'max_iterations', answer: context.lastText }) }),
+        },
+        {
+          guard: 'budgetExhausted',
+          target: 'done',
+          actions: assign({ outcome: ({ context }) => ({ kind: 'complete', reason: 'budget_exhausted', answer: context.lastText }) }),
+        },
+        { target: 'callingModel' },
+      ],
+    },
+    applyingApproval: {
+      always: [
+        {
+          guard: ({ context }) => context.pendingApproval?.kind === 'tools' && context.resume?.kind === 'approval' && context.resume.approved,
+          target: 'runningTools',
+          actions: assign({ resume: null }),
+        },
+        {
+          guard: ({ context }) => context.pendingApproval?.kind === 'tools',
+          target: 'checkpoint',
+          actions: assign({
+            transcript: ({ context }) => [
+              ...context.transcript,
+              ...deniedMessages(context.pendingApproval?.kind === 'tools' ? context.pendingApproval.calls : []),
+            ],
+            pendingApproval: null,
+            resume: null,
+          }),
+        },
+        {
+          guard: ({ context }) => context.resume?.kind === 'approval' && context.resume.approved && context.pendingApproval?.kind === 'guardrail' && context.pendingApproval.stage === 'input',
+          target: 'route',
+          actions: assign({ inputChecked: true, pendingApproval: null, resume: null }),
+        },
+        {
+          guard: ({ context }) => context.resume?.kind === 'approval' && context.resume.approved,
+          target: 'done',
+          actions: assign({
+            outcome: ({ context }) => ({
+              kind: 'complete',
+              reason: 'completed',
+              answer: context.pendingApproval?.kind === 'guardrail' ? context.pendingApproval.answer : context.lastText,
+            }),
+          }),
+        },
+        {
+          target: 'done',
+          actions: assign({
+            outcome: ({ context }) => ({
+              kind: 'fail',
+              reason: 'approval_denied',
+              detail: context.pendingApproval?.kind === 'guardrail'
+                ? { guardrail: context.pendingApproval.guardrail, stage: context.pendingApproval.stage, decision: 'denied' }
+                : { decision: 'denied' },
+            }),
+          }),
+        },
+      ],
+    },
+    applyingInput: {
+      always: {
+        target: 'checkpoint',
+        actions: assign({
+          transcript: ({ context }) => {
+            const resume = context.resume;
+            if (resume?.kind === 'tool_result') {
+              return [...context.transcript, { role: 'tool' as const, toolCallId: resume.toolCallId, name: resume.toolName, content: resume.content }];
+            }
+            const pending = context.pendingInput!;
+            return [
+              ...context.transcript,
+              { role: 'tool' as const, toolCallId: pending.toolCallId, name: pending.toolName, content: JSON.stringify(resume?.kind === 'input' ? resume.value : null) },
+            ];
+          },
+          pendingInput: null,
+          pendingDependency: null,
+          resume: null,
+        }),
+      },
+    },
+    checkingInput: {
+      invoke: {
+        src: 'checkGuardrails',
+        input: ({ context }) => ({ stage: 'input' as const, text: lastUserText(context.transcript) }),
+        onDone: [
+          { guard: ({ event }) => event.output.verdict === 'allow', target: 'route', actions: assign({ inputChecked: true }) },
+          {
+            guard: ({ event }) => event.output.verdict === 'deny',
+            target: 'done',
+            actions: assign({
+              outcome: ({ event }) => ({
+                kind: 'fail',
+                reason: 'policy_denied',
+                detail: { stage: 'input', guardrail: 'guardrail' in event.output ? event.output.guardrail : '', reason: 'reason' in event.output ? event.output.reason : '' },
+              }),
+            }),
+          },
+          {
+            target: 'suspendingForApproval',
+            actions: assign({
+              pendingApproval: ({ event }) => ({
+                kind: 'guardrail',
+                stage: 'input',
+                guardrail: 'guardrail' in event.output ? event.output.guardrail : '',
+                reason: 'reason' in event.output ? event.output.reason : '',
+                answer: null,
+                digest: '',
+              }),
+            }),
+          },
+        ],
+      },
+    },
+    callingModel: {
+      invoke: {
+        src: 'callModel',
+        input: ({ context }) => ({ context }),
+        onDone: [
+          {
+            guard: ({ event }) => event.output.kind === 'stop',
+            target: 'done',
+            actions: assign({ outcome: ({ event }) => ({ kind: 'stop', why: event.output.kind === 'stop' ? event.output.why : 'lease_lost' }) }),
+          },
+          {
+            guard: ({ event }) => event.output.kind === 'failed',
+            target: 'done',
+            actions: assign({
+              outcome: ({ event }) =>
+                event.output.kind === 'failed'
+                  ? { kind: 'fail', reason: event.output.reason, detail: event.output.detail, errorClass: event.output.errorClass }
+                  : null,
+            }),
+          },
+          {
+            guard: ({ event }) => event.output.kind === 'reply' && event.output.toolCalls.length > 0,
+            target: 'toolTurn',
+            actions: assign(({ context, event }) => {
+              const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
+              return {
+                iteration: context.iteration + 1,
+                inputTokens: context.inputTokens + reply.inputTokens,
+                outputTokens: context.outputTokens + reply.outputTokens,
+                providerIndex: reply.providerIndex,
+                lastText: reply.text ?? context.lastText,
+                transcript: [...context.transcript, { role: 'assistant' as const, content: reply.text, toolCalls: reply.toolCalls }],
+                pendingApproval: reply.approvalRequired ? { kind: 'tools' as const, calls: reply.toolCalls, digest: '' } : null,
+              };
+            }),
+          },
+          {
+            target: 'checkingAnswer',
+            actions: assign(({ context, event }) => {
+              const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
+              return {
+                iteration: context.iteration + 1,
+                inputTokens: context.inputTokens + reply.inputTokens,
+                outputTokens: context.outputTokens + reply.outputTokens,
+                providerIndex: reply.providerIndex,
+                lastText: reply.text,
+                transcript: [...context.transcript, { role: 'assistant' as const, content: reply.text }],
+              };
+            }),
+          },
+        ],
+      },
+    },
+    toolTurn: {
+      always: [
+        { guard: ({ context }) => context.pendingApproval !== null, target: 'suspendingForApproval' },
+        { target: 'runningTools' },
+      ],
+    },
+    runningTools: {
+      invoke: {
+        src: 'runTools',
+        input: ({ context }) => {
+          const assistant = context.transcript[context.transcript.length - 1];
+          const calls = context.pendingApproval?.kind === 'tools' ? context.pendingApproval.calls : assistant?.role === 'assistant' ? (assistant.toolCalls ?? []) : [];
+          return { context, calls };
+        },
+        onDone: [
+          {
+            guard: ({ event }) => event.output.kind === 'stop',
+            target: 'done',
+            actions: assign({ outcome: ({ event }) => ({ kind: 'stop', why: event.output.kind === 'stop' ? event.output.why : 'lease_lost' }) }),
+          },
+          {
+            guard: ({ event }) => event.output.kind === 'input_required',
+            target: 'done',
+            actions: assign(({ context, event }) => {
+              const output = event.output as Extract<ToolStepResult, { kind: 'input_required' }>;
+              return {
+                transcript: [...context.transcript, ...output.messages],
+                toolCallCount: context.toolCallCount + output.messages.length + 1,
+                pendingApproval: null,
+                pendingInput: output.pending,
+                outcome: { kind: 'suspend' as const, status: 'waiting_for_input' as const },
+              };
+            }),
+          },
+          {
+            guard: ({ event }) => event.output.kind === 'dependency',
+            target: 'done',
+            actions: assign(({ context, event }) => {
+              const output = event.output as Extract<ToolStepResult, { kind: 'dependency' }>;
+              return {
+                transcript: [...context.transcript, ...output.messages],
+                toolCallCount: context.toolCallCount + output.messages.length + 1,
+                pendingApproval: null,
+                pendingDependency: output.pending,
+                outcome: { kind: 'suspend' as const, status: 'waiting_for_dependency' as const },
+              };
+            }),
+          },
+          {
+            target: 'checkpoint',
+            actions: assign(({ context, event }) => {
+              const output = event.output as Extract<ToolStepResult, { kind: 'done' }>;
+              return {
+                transcript: [...context.transcript, ...output.messages],
+                toolCallCount: context.toolCallCount + output.messages.length,
+                pendingApproval: null,
+              };
+            }),
+          },
+        ],
+      },
+    },
+    checkingAnswer: {
+      invoke: {
+        src: 'checkGuardrails',
+        input: ({ context }) => ({ stage: 'answer' as const, text: context.lastText ?? '' }),
+        onDone: [
+          {
+            guard: ({ event }) => event.output.verdict === 'allow',
+            target: 'done',
+            actions: assign({ outcome: ({ context }) => ({ kind: 'complete', reason: 'completed', answer: context.lastText }) }),
+          },
+          {
+            guard: ({ event }) => event.output.verdict === 'deny',
+            target: 'done',
+            actions: assign({
+              outcome: ({ event }) => ({
+                kind: 'fail',
+                reason: 'policy_denied',
+                detail: { stage: 'answer', guardrail: 'guardrail' in event.output ? event.output.guardrail : '', reason: 'reason' in event.output ? event.output.reason : '' },
+              }),
+            }),
+          },
+          {
+            target: 'suspendingForApproval',
+            actions: assign({
+              pendingApproval: ({ context, event }) => ({
+                kind: 'guardrail',
+                stage: 'answer',
+                guardrail: 'guardrail' in event.output ? event.output.guardrail : '',
+                reason: 'reason' in event.output ? event.output.reason : '',
+                answer: context.lastText,
+                digest: '',
+              }),
+            }),
+          },
+        ],
+      },
+    },
+    suspendingForApproval: {
+      // The digest binds an operator's decision to exactly what was pending when it was shown.
+      always: {
+        target: 'done',
+        actions: assign({
+          pendingApproval: ({ context }) =>
+            context.pendingApproval ? { ...context.pendingApproval, digest: turnDigest({ ...context.pendingApproval, digest: undefined }) } : null,
+          outcome: { kind: 'suspend', status: 'waiting_for_approval' },
+        }),
+      },
+    },
+    done: { type: 'final' },
+  },
+  output: ({ context }: { context: LoopContext }): LoopOutcome => context.outcome ?? { kind: 'stop', why: 'lease_lost' },
+});

@@ -1,0 +1,102 @@
+import { dirname } from 'node:path';
+import type { AgentConfig } from '../config/config-schema.js';
+import type { KeelConfig } from '../config/load-config.js';
+import type { Guardrail } from '../guardrails/guardrail.js';
+import { loadGuardrails } from '../guardrails/load-guardrails.js';
+import type { GuardedFetch } from '../net/guarded-fetch.js';
+import { resolveCeilings, type Ceilings } from '../privacy/resolve-ceilings.js';
+import { createProvider } from '../providers/create-provider.js';
+import type { Provider } from '../providers/provider.js';
+import { httpGetTool } from '../tools/http-get-tool.js';
+import { loadToolModules } from '../tools/load-tool-modules.js';
+import type { ToolDefinition } from '../tools/tool.js';
+
+// Agents (publication profiles) resolved from config once at start: their provider chain with the
+// privacy ceilings each provider implies, their tools and their guardrails.
+
+export type ChainLink = { provider: Provider; ceilings: Ceilings };
+
+export type RegisteredAgent = {
+  config: AgentConfig;
+  /** Primary first, then fallbacks in order. */
+  chain: ChainLink[];
+  tools: Map<string, ToolDefinition>;
+  guardrails: Guardrail[];
+};
+
+export type AgentRegistry = {
+  agents: Map<string, RegisteredAgent>;
+  /** The first agent of the config: the root agent card's. */
+  defaultAgentId: string;
+  get: (id: string) => RegisteredAgent | undefined;
+};
+
+export type BuildRegistryResult = { ok: true; registry: AgentRegistry } | { ok: false; problems: string[] };
+
+/** Tools every agent may list by name; `remote_agent` is added by the remote-agents feature. */
+export const BUILT_IN_TOOLS: readonly ToolDefinition[] = [httpGetTool];
+
+export type RegistryDeps = {
+  fetch: GuardedFetch;
+  env?: NodeJS.ProcessEnv;
+  /** Providers built elsewhere (the conformance provider) by name; they take precedence. */
+  extraProviders?: Map<string, Provider>;
+  extraTools?: readonly ToolDefinition[];
+};
+
+export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps): Promise<BuildRegistryResult> {
+  const baseDir = config.source ? dirname(config.source) : process.cwd();
+  const problems: string[] = [];
+
+  const loaded = await loadToolModules(config.toolModules, baseDir);
+  if (!loaded.ok) problems.push(...loaded.problems);
+  const toolsByName = new Map<string, ToolDefinition>();
+  for (const tool of [...BUILT_IN_TOOLS, ...(deps.extraTools ?? []), ...(loaded.ok ? loaded.tools : [])]) {
+    if (toolsByName.has(tool.name)) problems.push(`toolModules: tool "${tool.name}" is defined twice`);
+    toolsByName.set(tool.name, tool);
+  }
+
+  const providers = new Map<string, Provider>();
+  const providerFor = (name: string): Provider => {
+    let provider = deps.extraProviders?.get(name) ?? providers.get(name);
+    if (!provider) {
+      provider = createProvider(name, config.providers[name]!, { fetch: deps.fetch, ...(deps.env ? { env: deps.env } : {}) });
+      providers.set(name, provider);
+    }
+    return provider;
+  };
+
+  const agents = new Map<string, RegisteredAgent>();
+  for (const [index, agent] of config.agents.entries()) {
+    const where = `agents.${index} (${agent.id})`;
+    const chain: ChainLink[] = [];
+    for (const name of [agent.provider, ...agent.fallbacks]) {
+      const providerConfig = config.providers[name];
+      if (!providerConfig) {
+        problems.push(`${where}: provider "${name}" is not defined under providers`);
+        continue;
+      }
+      try {
+        chain.push({
+          provider: providerFor(name),
+          ceilings: resolveCeilings({ global: config.privacy.level, provider: providerConfig.privacy, agent: agent.privacy }),
+        });
+      } catch (error) {
+        problems.push(`${where}: provider "${name}": ${(error as Error).message}`);
+      }
+    }
+    const tools = new Map<string, ToolDefinition>();
+    for (const name of agent.tools) {
+      const tool = toolsByName.get(name);
+      if (!tool) problems.push(`${where}: tool "${name}" is not a built-in tool nor exported by any of toolModules`);
+      else tools.set(name, tool);
+    }
+    const guardrails = await loadGuardrails(agent.guardrails, where, baseDir);
+    if (!guardrails.ok) problems.push(...guardrails.problems);
+    agents.set(agent.id, { config: agent, chain, tools, guardrails: guardrails.ok ? guardrails.guardrails : [] });
+  }
+
+  if (problems.length > 0) return { ok: false, problems };
+  const defaultAgentId = config.agents[0]!.id;
+  return { ok: true, registry: { agents, defaultAgentId, get: (id) => agents.get(id) } };
+}

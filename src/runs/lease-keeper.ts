@@ -1,0 +1,71 @@
+import { sql, type DatabasePool } from 'slonik';
+import { z } from 'zod';
+import type { KeelLogger } from '../log/logger.js';
+import { renewLease } from './run-repository.js';
+
+export type LeaseLoss = 'lease_lost' | 'cancelled';
+
+/**
+ * Keeps a claimed run's lease alive: a heartbeat while the run is in flight (a long provider call
+ * included) and a renewal at every step boundary. When a renewal updates no row the lease is lost
+ * (or the run was cancelled): the keeper aborts the in-flight step and the executor stops without
+ * settling.
+ */
+export class LeaseKeeper {
+  readonly abort = new AbortController();
+  private lost: LeaseLoss | null = null;
+  private lastRenewal = Date.now();
+  private timer: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly pool: DatabasePool,
+    private readonly runId: string,
+    private readonly workerId: string,
+    private readonly leaseMs: number,
+    private readonly heartbeatMs: number,
+    private readonly logger: KeelLogger,
+  ) {}
+
+  start(): void {
+    this.timer = setInterval(() => void this.renew(), this.heartbeatMs);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  get loss(): LeaseLoss | null {
+    return this.lost;
+  }
+
+  /** A step boundary: renews unless a renewal (or the claim) just happened. */
+  async checkpoint(): Promise<LeaseLoss | null> {
+    if (this.lost) return this.lost;
+    if (Date.now() - this.lastRenewal < 100) return null;
+    return this.renew();
+  }
+
+  async renew(): Promise<LeaseLoss | null> {
+    if (this.lost) return this.lost;
+    try {
+      const renewed = await renewLease(this.pool, this.runId, { workerId: this.workerId, leaseMs: this.leaseMs });
+      if (renewed) {
+        this.lastRenewal = Date.now();
+        return null;
+      }
+    } catch (error) {
+      // A failed renewal is not a lost lease: the lease still runs until it expires.
+      this.logger.warn({ err: error, runId: this.runId }, 'lease renewal failed; retrying at the next heartbeat');
+      return null;
+    }
+    const status = await this.pool
+      .maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${this.runId}`)
+      .catch(() => null);
+    this.lost = status === 'cancelled' ? 'cancelled' : 'lease_lost';
+    this.logger.info({ runId: this.runId, why: this.lost }, 'run no longer owned by this worker; stopping without settling');
+    this.abort.abort();
+    return this.lost;
+  }
+}

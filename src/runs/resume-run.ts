@@ -1,0 +1,87 @@
+import { randomBytes } from 'node:crypto';
+import { Ajv } from 'ajv';
+import type { DatabasePool } from 'slonik';
+import type { LoopState, PendingApproval, ResumeInput } from '../../machines/agent-loop.machine.js';
+import type { KeelQueues } from '../queue/keel-queues.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { enqueueRun } from './create-agent-run.js';
+import { claimForResume, getRun, HANDOFF_PREFIX, suspendedStateContext, type SuspendStatus } from './run-repository.js';
+import type { RunRow } from './run-row.js';
+
+// Resuming a suspended run from outside a worker (CLI, operator UI, an A2A follow-up message):
+// the decision is checked against what is pending, then one guarded claimForResume hands the run
+// to a worker (claimed_by 'handoff:<nonce>') with the decision sealed into its suspended state,
+// and the run's job is enqueued. Two deciders cannot both win the claim.
+
+/** A handoff not taken by a worker within this time is requeued by the reaper. */
+export const HANDOFF_LEASE_MS = 60_000;
+
+export type SuspendedView = { run: RunRow; state: LoopState };
+
+export type ReadSuspendedResult =
+  | { ok: true; view: SuspendedView }
+  | { ok: false; reason: 'not_found' }
+  | { ok: false; reason: 'not_waiting'; status: string }
+  | { ok: false; reason: 'unreadable'; detail: string };
+
+export async function readSuspendedRun(pool: DatabasePool, sealer: Sealer, runId: string, status: SuspendStatus): Promise<ReadSuspendedResult> {
+  const run = await getRun(pool, runId);
+  if (!run) return { ok: false, reason: 'not_found' };
+  if (run.status !== status) return { ok: false, reason: 'not_waiting', status: run.status };
+  if (!run.suspended_state) return { ok: false, reason: 'unreadable', detail: 'no suspended state stored' };
+  const opened = sealer.openJson<LoopState>(suspendedStateContext(runId), run.suspended_state);
+  if (!opened.ok) return { ok: false, reason: 'unreadable', detail: `suspended state cannot be opened (${opened.reason})` };
+  return { ok: true, view: { run, state: opened.value } };
+}
+
+export type DecideResult =
+  | { ok: true; run: RunRow }
+  | { ok: false; reason: 'not_found' | 'stale_digest' | 'already_decided' }
+  | { ok: false; reason: 'not_waiting'; status: string }
+  | { ok: false; reason: 'unreadable'; detail: string };
+
+type ResumeDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues };
+
+async function handOff(deps: ResumeDeps, view: SuspendedView, status: SuspendStatus, resume: ResumeInput): Promise<RunRow | null> {
+  const handoff = { workerId: `${HANDOFF_PREFIX}${randomBytes(8).toString('hex')}`, leaseMs: HANDOFF_LEASE_MS };
+  const claimed = await claimForResume(deps.pool, view.run.id, status, handoff, view.run.revision, {
+    sealer: deps.sealer,
+    state: { ...view.state, resume },
+  });
+  if (claimed) await enqueueRun(deps.queues, view.run.id);
+  return claimed;
+}
+
+/**
+ * An operator's approval or denial of the pending turn. The digest must be the one shown for the
+ * turn that is pending now; a stale digest is refused and nothing changes.
+ */
+export async function decideApproval(deps: ResumeDeps, runId: string, digest: string, approved: boolean): Promise<DecideResult> {
+  const read = await readSuspendedRun(deps.pool, deps.sealer, runId, 'waiting_for_approval');
+  if (!read.ok) return read;
+  const pending: PendingApproval | null = read.view.state.pendingApproval;
+  if (!pending || pending.digest !== digest.trim().toLowerCase()) return { ok: false, reason: 'stale_digest' };
+  const claimed = await handOff(deps, read.view, 'waiting_for_approval', { kind: 'approval', approved, digest: pending.digest });
+  return claimed ? { ok: true, run: claimed } : { ok: false, reason: 'already_decided' };
+}
+
+export type ProvideInputResult =
+  | { ok: true; run: RunRow }
+  | { ok: false; reason: 'not_found' | 'already_decided' }
+  | { ok: false; reason: 'not_waiting'; status: string }
+  | { ok: false; reason: 'unreadable'; detail: string }
+  | { ok: false; reason: 'invalid_input'; errors: string };
+
+const ajv = new Ajv({ allErrors: true, strict: false });
+
+/** Typed input for a run waiting for it; input that does not match the tool's schema leaves it waiting. */
+export async function provideRunInput(deps: ResumeDeps, runId: string, value: unknown): Promise<ProvideInputResult> {
+  const read = await readSuspendedRun(deps.pool, deps.sealer, runId, 'waiting_for_input');
+  if (!read.ok) return read;
+  const pending = read.view.state.pendingInput;
+  if (!pending) return { ok: false, reason: 'unreadable', detail: 'no pending input request stored' };
+  const validate = ajv.compile(pending.schema);
+  if (!validate(value)) return { ok: false, reason: 'invalid_input', errors: ajv.errorsText(validate.errors) };
+  const claimed = await handOff(deps, read.view, 'waiting_for_input', { kind: 'input', value });
+  return claimed ? { ok: true, run: claimed } : { ok: false, reason: 'already_decided' };
+}

@@ -1,0 +1,424 @@
+import type { Job } from 'bullmq';
+import { Ajv, type ValidateFunction } from 'ajv';
+import { sql } from 'slonik';
+import { createActor, fromPromise, toPromise } from 'xstate';
+import { z } from 'zod';
+import {
+  agentLoopMachine,
+  type CheckpointResult,
+  type GuardrailOutcome,
+  type LoopContext,
+  type LoopOutcome,
+  type LoopState,
+  type ModelStepResult,
+  type ToolStepResult,
+} from '../machines/agent-loop.machine.js';
+import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registry.js';
+import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
+import type { GuardedFetch } from '../src/net/guarded-fetch.js';
+import { compareLevels, type PrivacyLevel } from '../src/privacy/privacy-level.js';
+import { tightenCeilings } from '../src/privacy/resolve-ceilings.js';
+import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
+import { AuditTrail } from '../src/runs/audit-trail.js';
+import { completeRun } from '../src/runs/complete-run.js';
+import { LeaseKeeper } from '../src/runs/lease-keeper.js';
+import { appendRunOutputs, outputFromEmission, scrubRunOutputs } from '../src/runs/run-output-repository.js';
+import {
+  claimQueuedRun,
+  markNonIdempotentCall,
+  queuedRequestContext,
+  settleRun,
+  suspendRun,
+  suspendedStateContext,
+  takeOverHandoff,
+  type RunTotals,
+} from '../src/runs/run-repository.js';
+import { runRequestSchema } from '../src/runs/run-request.js';
+import type { RunRow } from '../src/runs/run-row.js';
+import type { KeelContext } from '../src/runtime/keel-context.js';
+import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
+
+// The runs queue's processor: claims a run, rebuilds it from its sealed request (or suspended
+// turn), drives the agent loop as an XState actor, and settles, suspends or stops. Every write is
+// one of the run repository's guarded transitions; a worker that lost its lease writes nothing.
+
+export type ExecutorOptions = {
+  leaseMs: number;
+  heartbeatMs: number;
+  providerAttempts: number;
+  providerBackoffMs: number;
+  /** Longest wait before a provider retry, Retry-After included. */
+  maxBackoffMs: number;
+};
+
+export type ExecutionReport =
+  | { kind: 'skipped' }
+  | { kind: 'settled'; status: 'completed' | 'failed'; reason: string }
+  | { kind: 'suspended'; status: string }
+  | { kind: 'stopped'; why: 'lease_lost' | 'cancelled' };
+
+export type RunExecutor = {
+  execute: (runId: string) => Promise<ExecutionReport>;
+  processor: (job: Job<{ runId: string }>) => Promise<ExecutionReport>;
+};
+
+const TOOL_RESULT_LIMIT = 64 * 1024;
+
+function freshState(messages: TranscriptMessage[]): LoopState {
+  return {
+    transcript: messages,
+    iteration: 0,
+    toolCallCount: 0,
+    inputTokens: 0,
+    outputTokens: 0,
+    providerIndex: 0,
+    inputChecked: false,
+    lastText: null,
+    pendingApproval: null,
+    pendingInput: null,
+    pendingDependency: null,
+    resume: null,
+  };
+}
+
+const totalsOf = (state: LoopState): RunTotals => ({
+  iterations: state.iteration,
+  toolCalls: state.toolCallCount,
+  inputTokens: state.inputTokens,
+  outputTokens: state.outputTokens,
+});
+
+function toolContent(result: unknown): string {
+  const text = typeof result === 'string' ? result : (JSON.stringify(result) ?? 'null');
+  return text.length > TOOL_RESULT_LIMIT ? `${text.slice(0, TOOL_RESULT_LIMIT)}… (truncated)` : text;
+}
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    if (ms <= 0 || signal.aborted) return resolve();
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener('abort', () => (clearTimeout(timer), resolve()), { once: true });
+  });
+
+const ceilingRow = z.object({ status: z.string(), claimed_by: z.string().nullable(), audit_level: z.string(), answer_level: z.string(), revision: z.number() });
+
+export function createRunExecutor(context: KeelContext, registry: AgentRegistry, fetch: GuardedFetch, options: ExecutorOptions): RunExecutor {
+  const { pool, sealer, logger, workerId } = context;
+  const claim = { workerId, leaseMs: options.leaseMs };
+  const ajv = new Ajv({ allErrors: false, strict: false });
+  const validators = new Map<ToolDefinition, ValidateFunction>();
+  const validatorFor = (tool: ToolDefinition) => {
+    let validate = validators.get(tool);
+    if (!validate) {
+      validate = ajv.compile(tool.parameters);
+      validators.set(tool, validate);
+    }
+    return validate;
+  };
+
+  /** Rebuilds the loop state from the durable row: a suspended turn if there is one, else the request. */
+  function rebuild(run: RunRow, agent: RegisteredAgent): { ok: true; state: LoopState } | { ok: false; detail: string } {
+    if (run.suspended_state) {
+      const opened = sealer.openJson<LoopState>(suspendedStateContext(run.id), run.suspended_state);
+      if (!opened.ok) return { ok: false, detail: `suspended state cannot be opened (${opened.reason})` };
+      return { ok: true, state: opened.value };
+    }
+    if (!run.queued_request) return { ok: false, detail: 'the run has no stored request' };
+    const opened = sealer.openJson(queuedRequestContext(run.id), run.queued_request);
+    if (!opened.ok) return { ok: false, detail: `request cannot be opened (${opened.reason})` };
+    const request = runRequestSchema.safeParse(opened.value);
+    if (!request.success) return { ok: false, detail: 'the stored request is malformed' };
+    const system: TranscriptMessage[] = agent.config.systemPrompt ? [{ role: 'system', content: agent.config.systemPrompt }] : [];
+    return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])]) };
+  }
+
+  async function execute(runId: string): Promise<ExecutionReport> {
+    const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
+    if (!run) return { kind: 'skipped' };
+    const runLog = logger.child({ runId, agent: run.agent });
+
+    const agent = registry.get(run.agent);
+    if (!agent) {
+      await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, failureDetail: { reason: 'unknown_agent', agent: run.agent } });
+      return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
+    }
+    const rebuilt = rebuild(run, agent);
+    if (!rebuilt.ok) {
+      await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, failureDetail: { reason: rebuilt.detail } });
+      return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
+    }
+
+    const audit = await AuditTrail.open(pool, runId, run.audit_level, runLog);
+    audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
+    const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
+    lease.start();
+    let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);
+    if (appliedProvider < 0) appliedProvider = 0;
+
+    /** Applies a fallback provider's ceilings under the run-row lock; scrubs stored answers if the answer ceiling tightened. */
+    async function applyProviderCeilings(index: number): Promise<boolean> {
+      const link = agent!.chain[index]!;
+      return pool.transaction(async (transaction) => {
+        const row = await transaction.maybeOne(sql.type(ceilingRow)`
+          SELECT status, claimed_by, audit_level, answer_level, revision FROM runs WHERE id = ${runId} FOR UPDATE`);
+        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return false;
+        const current = { auditLevel: row.audit_level as PrivacyLevel, answerLevel: row.answer_level as PrivacyLevel };
+        const next = tightenCeilings(current, link.ceilings);
+        if (compareLevels(next.answerLevel, current.answerLevel) < 0) await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
+        await transaction.query(sql.unsafe`
+          UPDATE runs SET audit_level = ${next.auditLevel}, answer_level = ${next.answerLevel}, provider = ${link.provider.name},
+            revision = revision + 1, updated_at = now()
+          WHERE id = ${runId}`);
+        audit.setLevel(next.auditLevel);
+        audit.record({
+          kind: 'provider_selected',
+          meta: { provider: link.provider.name, position: index, auditLevel: next.auditLevel, answerLevel: next.answerLevel, tightened: next.answerLevel !== current.answerLevel || next.auditLevel !== current.auditLevel },
+        });
+        return true;
+      });
+    }
+
+    /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
+    async function storeArtifacts(state: LoopContext, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
+      if (emissions.length === 0) return true;
+      return pool.transaction(async (transaction) => {
+        const row = await transaction.maybeOne(sql.type(ceilingRow)`
+          SELECT status, claimed_by, audit_level, answer_level, revision FROM runs WHERE id = ${runId} FOR UPDATE`);
+        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return false;
+        await appendRunOutputs(
+          transaction,
+          sealer,
+          runId,
+          row.revision + 1,
+          row.answer_level as PrivacyLevel,
+          emissions.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${state.iteration}-${index}`)),
+        );
+        await transaction.query(sql.unsafe`UPDATE runs SET revision = revision + 1, updated_at = now() WHERE id = ${runId}`);
+        return true;
+      });
+    }
+
+    const checkpoint = async (): Promise<CheckpointResult> => {
+      const ok = await audit.flush(pool).then(() => lease.checkpoint());
+      return ok === null ? { alive: true } : { alive: false, why: ok };
+    };
+
+    const callModel = async (state: LoopContext): Promise<ModelStepResult> => {
+      let lastFailure: ProviderFailure | null = null;
+      const tools = [...agent.tools.values()].map((tool) => ({ name: tool.name, description: tool.description, parameters: tool.parameters }));
+      for (let index = state.providerIndex; index < agent.chain.length; index += 1) {
+        const link = agent.chain[index]!;
+        if (index !== appliedProvider) {
+          if (!(await applyProviderCeilings(index))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+          appliedProvider = index;
+        }
+        for (let attempt = 1; attempt <= options.providerAttempts; attempt += 1) {
+          if (lease.loss) return { kind: 'stop', why: lease.loss };
+          const started = Date.now();
+          const outcome = await link.provider.call({ runId, iteration: state.iteration, transcript: state.transcript, tools, signal: lease.abort.signal });
+          if (lease.loss) return { kind: 'stop', why: lease.loss };
+          if (outcome.ok) {
+            const { reply } = outcome;
+            audit.record({
+              kind: 'model_reply',
+              meta: {
+                provider: link.provider.name,
+                iteration: state.iteration,
+                attempt,
+                durationMs: Date.now() - started,
+                inputTokens: reply.usage.inputTokens,
+                outputTokens: reply.usage.outputTokens,
+                toolCalls: reply.toolCalls.map((call) => call.name),
+                artifacts: reply.artifacts.length,
+              },
+              content: { text: reply.text, toolCalls: reply.toolCalls },
+            });
+            if (!(await storeArtifacts(state, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+            const approvalRequired = reply.toolCalls.some((call) => agent.tools.get(call.name)?.needsApproval === true);
+            return {
+              kind: 'reply',
+              text: reply.text,
+              toolCalls: reply.toolCalls,
+              approvalRequired,
+              providerIndex: index,
+              inputTokens: reply.usage.inputTokens,
+              outputTokens: reply.usage.outputTokens,
+            };
+          }
+          lastFailure = outcome.failure;
+          audit.record({
+            kind: 'model_failed',
+            meta: { provider: link.provider.name, iteration: state.iteration, attempt, class: outcome.failure.class, status: outcome.failure.status ?? null, durationMs: Date.now() - started },
+          });
+          if (!isRetryableClass(outcome.failure.class) || attempt === options.providerAttempts) break;
+          const backoff = Math.min(options.maxBackoffMs, Math.max(outcome.failure.retryAfterMs ?? 0, options.providerBackoffMs * 2 ** (attempt - 1)));
+          await sleep(backoff, lease.abort.signal);
+        }
+      }
+      const failure = lastFailure ?? { class: 'unknown' as const, message: 'no provider configured' };
+      return {
+        kind: 'failed',
+        reason: isRetryableClass(failure.class) ? 'provider_failed' : 'not_retryable',
+        errorClass: failure.class,
+        detail: { provider: agent.chain[agent.chain.length - 1]!.provider.name, class: failure.class, status: failure.status ?? null },
+      };
+    };
+
+    const runOneTool = async (call: ToolCall): Promise<ToolResult | 'stop'> => {
+      const tool = agent.tools.get(call.name);
+      if (!tool) return { kind: 'error', message: `unknown tool ${call.name}` };
+      const validate = validatorFor(tool);
+      if (!validate(call.arguments)) return { kind: 'error', message: `invalid arguments for ${call.name}: ${ajv.errorsText(validate.errors)}` };
+      const event = { kind: 'tool_call', meta: { tool: call.name, effect: tool.effect, callId: call.id }, content: { arguments: call.arguments } };
+      if (tool.effect !== 'read_only') {
+        // A write tool whose audit event cannot be stored does not run.
+        if (!(await audit.recordNow(pool, event))) return { kind: 'error', message: `tool ${call.name} was not run: its audit record could not be stored` };
+      } else {
+        audit.record(event);
+      }
+      if (tool.effect === 'non_idempotent_write') {
+        if (!(await markNonIdempotentCall(pool, runId, workerId, call.id))) return 'stop';
+      }
+      const started = Date.now();
+      let result: ToolResult;
+      try {
+        result = await tool.run(call.arguments, { runId, agentId: agent.config.id, toolCallId: call.id, fetch, signal: lease.abort.signal, logger: runLog });
+      } catch (error) {
+        result = { kind: 'error', message: `tool ${call.name} failed: ${(error as Error).message}` };
+      }
+      if (tool.effect === 'non_idempotent_write') await markNonIdempotentCall(pool, runId, workerId, null);
+      audit.record({
+        kind: 'tool_result',
+        meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - started },
+        content: result.kind === 'ok' ? { result: result.content } : result.kind === 'error' ? { error: result.message } : { prompt: result.prompt },
+      });
+      return result;
+    };
+
+    const runTools = async (state: LoopContext, calls: ToolCall[]): Promise<ToolStepResult> => {
+      const messages: TranscriptMessage[] = [];
+      let pendingInput: Extract<ToolStepResult, { kind: 'input_required' }>['pending'] | null = null;
+      for (const call of calls) {
+        if (lease.loss) return { kind: 'stop', why: lease.loss };
+        if (pendingInput) {
+          messages.push({ role: 'tool', toolCallId: call.id, name: call.name, content: 'not run: waiting for user input requested by an earlier call' });
+          continue;
+        }
+        const checked = await checkpoint();
+        if (!checked.alive) return { kind: 'stop', why: checked.why };
+        const result = await runOneTool(call);
+        if (result === 'stop') return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+        if (result.kind === 'input_required') {
+          pendingInput = { toolCallId: call.id, toolName: call.name, prompt: result.prompt, schema: result.schema };
+          continue;
+        }
+        messages.push({
+          role: 'tool',
+          toolCallId: call.id,
+          name: call.name,
+          content: result.kind === 'ok' ? toolContent(result.content) : `error: ${result.message}`,
+        });
+      }
+      void state;
+      return pendingInput ? { kind: 'input_required', messages, pending: pendingInput } : { kind: 'done', messages };
+    };
+
+    const checkGuardrails = async ({ stage, text }: { stage: 'input' | 'answer'; text: string }): Promise<GuardrailOutcome> => {
+      if (!agent.guardrails.some((guardrail) => guardrail.stages.includes(stage))) return { verdict: 'allow' };
+      const verdict = await evaluateGuardrails(agent.guardrails, { stage, text, runId, agentId: agent.config.id });
+      audit.record({ kind: 'guardrail', meta: { stage, verdict: verdict.verdict, ...(verdict.verdict === 'allow' ? {} : { guardrail: verdict.guardrail }) } });
+      return verdict;
+    };
+
+    const machine = agentLoopMachine.provide({
+      actors: {
+        checkpoint: fromPromise(() => checkpoint()),
+        checkGuardrails: fromPromise(({ input }: { input: { stage: 'input' | 'answer'; text: string } }) => checkGuardrails(input)),
+        callModel: fromPromise(({ input }: { input: { context: LoopContext } }) => callModel(input.context)),
+        runTools: fromPromise(({ input }: { input: { context: LoopContext; calls: ToolCall[] } }) => runTools(input.context, input.calls)),
+      },
+    });
+    const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
+    const actor = createActor(machine, { input: { ...rebuilt.state, limits, outcome: null } });
+    let outcome: LoopOutcome;
+    let finalState: LoopState;
+    try {
+      actor.start();
+      outcome = await toPromise(actor);
+      const { limits: _limits, outcome: _outcome, ...rest } = actor.getSnapshot().context;
+      finalState = rest;
+    } catch (error) {
+      lease.stop();
+      runLog.error({ err: error }, 'agent loop crashed; the run stays claimed until its lease expires');
+      throw error;
+    } finally {
+      lease.stop();
+    }
+    return settleOutcome(outcome, finalState);
+
+    async function settleOutcome(result: LoopOutcome, state: LoopState): Promise<ExecutionReport> {
+      const totals = totalsOf(state);
+      switch (result.kind) {
+        case 'stop':
+          await audit.flush(pool);
+          return { kind: 'stopped', why: result.why };
+        case 'complete': {
+          audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
+          await audit.flush(pool);
+          const settled = await completeRun(pool, sealer, logger, { runId, workerId, reason: result.reason, answer: result.answer, totals }).catch(async (error: Error) => {
+            runLog.error({ err: error }, 'the result could not be stored; failing the run');
+            return settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
+          });
+          if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+          return { kind: 'settled', status: settled.run.status as 'completed' | 'failed', reason: settled.run.termination_reason ?? result.reason };
+        }
+        case 'fail': {
+          audit.record({ kind: 'failed', meta: { reason: result.reason, ...result.detail } });
+          await audit.flush(pool);
+          const settled = await settleRun(pool, logger, runId, {
+            status: 'failed',
+            reason: result.reason,
+            errorClass: result.errorClass ?? null,
+            failureDetail: result.detail,
+            workerId,
+            totals,
+          });
+          if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+          return { kind: 'settled', status: 'failed', reason: result.reason };
+        }
+        case 'suspend': {
+          audit.record({
+            kind: 'suspended',
+            meta: {
+              status: result.status,
+              ...(state.pendingApproval
+                ? {
+                    digest: state.pendingApproval.digest,
+                    pending: state.pendingApproval.kind === 'tools' ? state.pendingApproval.calls.map((call) => call.name) : [`guardrail:${state.pendingApproval.guardrail}`],
+                  }
+                : {}),
+              ...(state.pendingInput ? { tool: state.pendingInput.toolName } : {}),
+            },
+          });
+          await audit.flush(pool);
+          try {
+            const suspended = await suspendRun(pool, sealer, runId, workerId, result.status, { ...state, resume: null }, totals);
+            if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+            return { kind: 'suspended', status: result.status };
+          } catch (error) {
+            // A suspension that cannot be stored fails the run rather than promise a decision.
+            runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
+            const reason = result.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';
+            await settleRun(pool, logger, runId, { status: 'failed', reason, workerId, totals, failureDetail: { reason: 'suspension_not_stored', status: result.status } });
+            return { kind: 'settled', status: 'failed', reason };
+          }
+        }
+      }
+    }
+  }
+
+  return {
+    execute,
+    processor: (job) => execute(job.data.runId),
+  };
+}
