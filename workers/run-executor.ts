@@ -150,6 +150,12 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
 
     const audit = await AuditTrail.open(pool, runId, run.audit_level, runLog);
     audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
+    const resume = rebuilt.state.resume;
+    if (resume?.kind === 'approval') {
+      audit.record({ kind: 'approval_decided', meta: { approved: resume.approved, digest: resume.digest, pending: rebuilt.state.pendingApproval?.kind ?? null } });
+    } else if (resume?.kind === 'input') {
+      audit.record({ kind: 'input_received', meta: { tool: rebuilt.state.pendingInput?.toolName ?? null }, content: { value: resume.value } });
+    }
     const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
     lease.start();
     let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);

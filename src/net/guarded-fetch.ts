@@ -4,7 +4,8 @@
  * endpoints, the `http_get` tool, the `openai` provider.
  *
  * Order of the checks in `checkUrl` (the first failing one is reported):
- *   1. `invalid_url`        the WHATWG URL parser rejects the string;
+ *   1. `invalid_url`        the WHATWG URL parser rejects the string (`numeric_host` instead when
+ *                           the raw host is numeric text that is no valid address, e.g. 1.2.3.4.5);
  *   2. `scheme`             not http(s), or plain http while `allowHttp` is false;
  *   3. `credentials_in_url` any userinfo (`user:pass@`, even an empty `@`) in the authority;
  *   4. `numeric_host`       the RAW host text is a non-canonical numeric form (host-forms.ts), even
@@ -135,7 +136,13 @@ export async function checkUrl(url: string, policy: GuardPolicy, resolver: Resol
   try {
     parsed = new URL(url);
   } catch {
-    return refusal('invalid_url', extractRawHost(url) ?? '', 'the URL cannot be parsed');
+    const raw = extractRawHost(url);
+    const form = raw === undefined ? undefined : classifyRawHost(raw);
+    if (raw !== undefined && form?.kind === 'numeric') {
+      // e.g. 1.2.3.4.5 or 0x100000000: numeric text WHATWG cannot even turn into an address.
+      return refusal('numeric_host', raw, `${form.form}; only a canonical dotted quad is accepted`);
+    }
+    return refusal('invalid_url', raw ?? '', 'the URL cannot be parsed');
   }
   const hostname = parsed.hostname;
 
@@ -506,7 +513,8 @@ export function createGuardedFetch(policy: GuardPolicy, options: { resolver?: Re
       // A destroyed body emits 'error'; the failure is reported through the result, not as an
       // unhandled stream error.
       body.on('error', () => undefined);
-      const declared = Number(response.headers['content-length']);
+      // A HEAD response declares the length of a body it does not carry.
+      const declared = method === 'HEAD' ? 0 : Number(response.headers['content-length']);
       if (Number.isFinite(declared) && declared > maxBytes) {
         body.destroy();
         return failed('too_large', `the response declares ${declared} bytes, over the limit of ${maxBytes}`);

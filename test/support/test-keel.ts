@@ -43,7 +43,7 @@ export async function startTestKeel(
   const masterKey = options.env?.KEEL_MASTER_KEY ?? encodeMasterKey(generateMasterKey());
   const config = testConfig(databaseUrl, options.overrides, options.env);
   const started = await startKeel(config, options.logger ?? silentLogger(), {
-    env: { KEEL_MASTER_KEY: masterKey },
+    env: { ...options.env, KEEL_MASTER_KEY: masterKey },
     queuePrefix: testQueuePrefix(),
     ...options.start,
   });

@@ -130,7 +130,9 @@ function countingResolver(answers: string[][]): Resolver & { calls: number } {
     state.calls += 1;
     return Promise.resolve(a);
   };
-  return Object.defineProperty(fn, 'calls', { get: () => state.calls }) as Resolver & { calls: number };
+  const counted: Resolver & { calls?: number } = fn;
+  Object.defineProperty(counted, 'calls', { get: () => state.calls });
+  return counted as Resolver & { calls: number };
 }
 
 let v4: TestServer;
@@ -196,7 +198,7 @@ describe('refused without allowHosts', () => {
         const r = await f({ url, method: 'POST', body: 'x', timeoutMs: 5000 });
         const elapsed = performance.now() - started;
         expect(r, url).toMatchObject({ ok: false, kind: 'refused', refusal: { reason: 'refused_range' } });
-        expect(elapsed, url).toBeLessThan(50);
+        expect(elapsed, url).toBeLessThan(100);
       }
       expect(watch.count()).toBe(0);
       expect(resolverCalls).toBe(0);
@@ -352,6 +354,10 @@ describe('failures', () => {
     expect(exact.body.length).toBe(5000);
     const whole = expectOk(await f({ url: `http://127.0.0.1:${v4.port}/big`, timeoutMs: 5000 }));
     expect(whole.body.length).toBe(2 * 1024 * 1024);
+    // HEAD: the declared length of the absent body does not count.
+    const head = expectOk(await f({ url: `http://127.0.0.1:${v4.port}/declared-big`, method: 'HEAD', timeoutMs: 5000, maxResponseBytes: 10 }));
+    expect(head.status).toBe(200);
+    expect(head.body.length).toBe(0);
   });
 
   it('connection refused is failed/connection', async () => {
@@ -395,32 +401,8 @@ describe('failures', () => {
 });
 
 describe('DNS pinning', () => {
-  it('connects to the vetted address only, resolving once per request (rebinding defeated)', async () => {
-    // First answer: our server. Second answer (a "rebind"): 10.0.0.1. The name is allowlisted, so
-    // both answers pass the range check: what is tested is which address each request uses.
-    const resolver = countingResolver([['127.0.0.1'], ['10.0.0.1']]);
-    const f = guarded({ allowHosts: ['rebind.test'], allowHttp: true }, resolver);
-    const before = v4.seen.length;
-
-    const first = expectOk(await f({ url: `http://rebind.test:${v4.port}/pinned`, timeoutMs: 2000 }));
-    expect(first.status).toBe(200);
-    expect(first.address).toBe('127.0.0.1');
-    // rebind.test is not in any real DNS (.test is reserved): the request got through only because
-    // the connection used the vetted address, with no second lookup.
-    expect(resolver.calls).toBe(1);
-    const got = v4.seen.at(-1) as Seen;
-    expect(got.headers.host).toBe(`rebind.test:${v4.port}`);
-    expect(got.localAddress).toBe('127.0.0.1');
-
-    // Second request: vetted 10.0.0.1. It must not ride the idle keep-alive socket to 127.0.0.1.
-    const second = await f({ url: `http://rebind.test:${v4.port}/pinned-again`, timeoutMs: 300 });
-    expect(resolver.calls).toBe(2);
-    expect(second.ok).toBe(false);
-    if (!second.ok) expect(second.kind).toBe('failed');
-    expect(v4.seen.length - before).toBe(1);
-  });
-
-  it('a later answer on another loopback address never reuses the pinned socket (deterministic variant)', async () => {
+  // Tests only ever connect to loopback: the "rebind" answer is another loopback address.
+  it('connects to the vetted address only, resolving once per request; a rebound answer never reuses the pinned socket', async () => {
     const resolver = countingResolver([['127.0.0.1'], ['127.0.0.2'], ['127.0.0.1']]);
     const f = guarded({ allowHosts: ['rebind.test'], allowHttp: true }, resolver);
     const before = v4.seen.length;
@@ -467,7 +449,7 @@ describe('DNS pinning', () => {
 
   it('TLS SNI and Host stay the host name while the socket goes to the vetted address', async () => {
     // A raw TCP listener stands in for a TLS server: it reads the ClientHello and hangs up.
-    let hello = Buffer.alloc(0);
+    let hello: Buffer = Buffer.alloc(0);
     const tlsProbe = net.createServer((socket) => {
       socket.once('data', (chunk: Buffer) => {
         hello = chunk;

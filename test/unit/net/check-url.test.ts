@@ -41,8 +41,12 @@ describe('checkUrl: schemes', () => {
   });
 
   it('invalid URLs are a typed refusal', async () => {
-    for (const url of ['', 'not a url', 'http://', 'http://1.2.3.4.5/', 'http://exa mple.com/']) {
+    for (const url of ['', 'not a url', 'http://', 'http://exa mple.com/', 'http://[::1/']) {
       expect((await refusalOf(url)).reason, url).toBe('invalid_url');
+    }
+    // Numeric text that is no valid address at all is still reported as a numeric form.
+    for (const url of ['http://1.2.3.4.5/', 'http://0x100000000/', 'http://09.0.0.1/', 'http://256.0.0.1/']) {
+      expect((await refusalOf(url)).reason, url).toBe('numeric_host');
     }
   });
 });

@@ -1,0 +1,22 @@
+import { createAgentRun, enqueueRun } from '../../src/runs/create-agent-run.js';
+import { userRequest } from '../../src/runs/run-request.js';
+import type { RunRow } from '../../src/runs/run-row.js';
+import type { TestKeel } from './test-keel.js';
+import { waitForRunStatus } from './wait-for.js';
+
+export const TEST_TOOLS_MODULE = new URL('../fixtures/test-tools.ts', import.meta.url).pathname;
+
+/** Creates a run the way the A2A layer will (QUEUED row, then the job) and returns its id. */
+export async function startRun(keel: TestKeel, agentId: string, text: string): Promise<string> {
+  const created = await createAgentRun(keel.context.pool, keel.context.sealer, keel.registry, agentId, userRequest(text));
+  if (!created.ok) throw new Error(`cannot create a run for ${agentId}: ${created.reason}`);
+  await enqueueRun(keel.context.queues, created.run.id);
+  return created.run.id;
+}
+
+export const TERMINAL = ['completed', 'failed', 'cancelled'] as const;
+
+export async function runToEnd(keel: TestKeel, agentId: string, text: string, timeoutMs = 30_000): Promise<RunRow> {
+  const id = await startRun(keel, agentId, text);
+  return waitForRunStatus(keel.context.pool, id, TERMINAL, timeoutMs);
+}
