@@ -26,13 +26,13 @@ export function loadConfigOrExit(options: GlobalOptions): KeelConfig {
 
 export function commandLogger(): KeelLogger {
   // Commands print their results on stdout; logs go to stderr and stay quiet unless asked.
-  return createLogger({ level: process.env.KEEL_LOG_LEVEL ?? 'warn' }, );
+  return createLogger({ level: process.env.KEEL_LOG_LEVEL ?? 'warn' });
 }
 
 const migrationRow = z.object({ id: z.number() });
 
 /** Opens the database for a short command and checks the schema is current (never migrates). */
-export async function withDatabase<T>(config: KeelConfig, fn: (pool: DatabasePool, logger: KeelLogger) => Promise<T>): Promise<T> {
+export async function withDatabase<T>(config: KeelConfig, fn: (pool: DatabasePool, logger: KeelLogger, databaseUrl: string) => Promise<T>): Promise<T> {
   const logger = commandLogger();
   const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 4, applicationName: 'keel-cli' });
   if (!opened.ok) throw new CliExit(EXIT.database, opened.message);
@@ -49,7 +49,7 @@ export async function withDatabase<T>(config: KeelConfig, fn: (pool: DatabasePoo
     if (pending.length > 0) {
       throw new CliExit(EXIT.database, `the database schema is behind (${pending.length} migration(s) pending, first ${pending[0]!.name}); run \`keel migrate\``);
     }
-    return await fn(opened.database.pool, logger);
+    return await fn(opened.database.pool, logger, opened.database.url);
   } finally {
     await opened.database.close();
   }

@@ -2,6 +2,9 @@ import type { Command } from 'commander';
 import { RUN_STATUSES, type RunStatus } from '../../machines/run.machine.js';
 import { cancelRun, getRun, listRuns } from '../runs/run-repository.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
+import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
+import type { LoopState } from '../../machines/agent-loop.machine.js';
+import { withCommandContext } from './command-context.js';
 import { CliExit, EXIT, formatTime, loadConfigOrExit, printTable, withDatabase, type GlobalOptions } from './cli-support.js';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -11,7 +14,39 @@ function requireRunId(id: string): string {
   return id.toLowerCase();
 }
 
+type PendingView =
+  | { kind: 'approval'; digest: string; calls?: Array<{ id: string; name: string; arguments: unknown }>; guardrail?: { name: string; stage: string; reason: string } }
+  | { kind: 'input'; tool: string; prompt: string; schema: unknown }
+  | { kind: 'unreadable'; detail: string };
+
+function pendingFromState(state: LoopState): PendingView | null {
+  const approval = state.pendingApproval;
+  if (approval?.kind === 'tools') return { kind: 'approval', digest: approval.digest, calls: approval.calls };
+  if (approval?.kind === 'guardrail') {
+    return { kind: 'approval', digest: approval.digest, guardrail: { name: approval.guardrail, stage: approval.stage, reason: approval.reason } };
+  }
+  if (state.pendingInput) return { kind: 'input', tool: state.pendingInput.toolName, prompt: state.pendingInput.prompt, schema: state.pendingInput.schema };
+  return null;
+}
+
+function describePending(pending: PendingView): string[] {
+  switch (pending.kind) {
+    case 'unreadable':
+      return [`pending: cannot be shown (${pending.detail})`];
+    case 'input':
+      return [`waiting for input to tool ${pending.tool}: ${pending.prompt}`, `  schema ${JSON.stringify(pending.schema)}`];
+    case 'approval': {
+      const lines = [`waiting for approval; turn digest ${pending.digest}`];
+      for (const call of pending.calls ?? []) lines.push(`  call ${call.id}: ${call.name} ${JSON.stringify(call.arguments)}`);
+      if (pending.guardrail) lines.push(`  guardrail ${pending.guardrail.name} on the ${pending.guardrail.stage}: ${pending.guardrail.reason}`);
+      lines.push(`  decide with: keel runs approve|deny <runId> --turn ${pending.digest}`);
+      return lines;
+    }
+  }
+}
+
 export function registerRunsCommands(program: Command, globals: () => GlobalOptions): void {
+
   const runs = program.command('runs').description('inspect and control agent runs');
 
   runs
@@ -58,10 +93,16 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
     .action(async (runId: string, options: { json?: boolean }) => {
       const id = requireRunId(runId);
       const config = loadConfigOrExit(globals());
-      await withDatabase(config, async (pool) => {
+      await withCommandContext(config, async ({ pool, sealer }) => {
+        const pendingOf = async (status: 'waiting_for_approval' | 'waiting_for_input'): Promise<PendingView | null> => {
+          const read = await readSuspendedRun(pool, sealer, id, status);
+          if (!read.ok) return read.reason === 'unreadable' ? { kind: 'unreadable', detail: read.detail } : null;
+          return pendingFromState(read.view.state);
+        };
         const run = await getRun(pool, id);
         if (!run) throw new CliExit(EXIT.notFound, `run ${id} not found`);
         const events = await listRunEvents(pool, id);
+        const pending = run.status === 'waiting_for_approval' || run.status === 'waiting_for_input' ? await pendingOf(run.status) : null;
         const summary = {
           id: run.id,
           agent: run.agent,
@@ -82,18 +123,51 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
           createdAt: formatTime(run.created_at),
           startedAt: run.started_at === null ? null : formatTime(run.started_at),
           settledAt: run.settled_at === null ? null : formatTime(run.settled_at),
+          failureDetail: run.failure_detail,
         };
         if (options.json) {
-          process.stdout.write(`${JSON.stringify({ ...summary, events }, null, 2)}\n`);
+          process.stdout.write(`${JSON.stringify({ ...summary, pending, events }, null, 2)}\n`);
           return;
         }
-        const lines = Object.entries(summary).map(([key, value]) => `${key.padEnd(17)} ${value ?? '-'}`);
+        const lines = Object.entries(summary).map(([key, value]) => `${key.padEnd(17)} ${value === null || value === undefined ? '-' : typeof value === 'object' ? JSON.stringify(value) : value}`);
+        if (pending) lines.push('', ...describePending(pending));
         lines.push('', `events (audit level ${run.audit_level})`);
         if (events.length === 0) lines.push('  (none recorded)');
         for (const event of events) lines.push(`  ${String(event.sequence).padStart(4)}  ${formatTime(event.created_at)}  ${event.kind}  ${JSON.stringify(event.payload)}`);
         process.stdout.write(`${lines.join('\n')}\n`);
       });
     });
+
+  for (const decision of ['approve', 'deny'] as const) {
+    runs
+      .command(`${decision} <runId>`)
+      .description(`${decision} the turn a run is waiting on (the digest binds the decision to the turn that was shown)`)
+      .requiredOption('--turn <digest>', 'the turn digest printed by `keel runs show`')
+      .action(async (runId: string, options: { turn: string }) => {
+        const id = requireRunId(runId);
+        if (!/^[0-9a-f]{64}$/i.test(options.turn)) throw new CliExit(EXIT.usage, '--turn must be the 64-character digest shown by `keel runs show`');
+        const config = loadConfigOrExit(globals());
+        await withCommandContext(config, async (context) => {
+          const result = await decideApproval(context, id, options.turn, decision === 'approve');
+          if (result.ok) {
+            process.stdout.write(`run ${id}: turn ${decision === 'approve' ? 'approved' : 'denied'}; the run resumes\n`);
+            return;
+          }
+          switch (result.reason) {
+            case 'not_found':
+              throw new CliExit(EXIT.notFound, `run ${id} not found`);
+            case 'not_waiting':
+              throw new CliExit(EXIT.failure, `run ${id} is ${result.status}, not waiting for approval`);
+            case 'stale_digest':
+              throw new CliExit(EXIT.failure, `turn ${options.turn} is not the turn run ${id} is waiting on; run \`keel runs show ${id}\` for the current digest`);
+            case 'already_decided':
+              throw new CliExit(EXIT.failure, `the turn of run ${id} was decided by someone else meanwhile`);
+            case 'unreadable':
+              throw new CliExit(EXIT.failure, `run ${id}: ${result.detail}`);
+          }
+        });
+      });
+  }
 
   runs
     .command('cancel <runId>')

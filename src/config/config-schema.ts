@@ -30,6 +30,7 @@ const databaseSchema = z
 const queueSchema = z
   .object({
     redisUrl: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').optional(),
+    prefix: z.string().regex(/^[a-zA-Z0-9_-]{1,32}$/, 'expected 1-32 letters, digits, _ or -').default('keel'),
   })
   .strict();
 

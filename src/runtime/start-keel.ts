@@ -27,8 +27,6 @@ export type KeelInstance = {
 
 export type StartOptions = {
   env?: NodeJS.ProcessEnv;
-  /** BullMQ key prefix; tests give each file its own. */
-  queuePrefix?: string;
   sweepEveryMs?: number;
   /** Which roles this process runs (`keel start --role`). */
   role?: 'all' | 'api' | 'worker';
@@ -38,7 +36,7 @@ export type StartOptions = {
 
 export type StartResult = { ok: true; keel: KeelInstance } | { ok: false; stage: string; message: string };
 
-export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix?: string): QueueBackend {
+export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix: string = config.queue.prefix): QueueBackend {
   return config.queue.redisUrl
     ? { kind: 'redis', url: config.queue.redisUrl, prefix }
     : { kind: 'postgres', connectionString: databaseUrl, prefix };
@@ -78,7 +76,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   if (!sealing.ok) return fail('master key', sealing.message);
   if (sealing.created) logger.info({ file: config.security.masterKeyFile, keyId: sealing.sealer.activeKeyId }, 'created a new master key file');
 
-  const queues = new KeelQueues(queueBackendFor(config, database.url, options.queuePrefix), logger);
+  const queues = new KeelQueues(queueBackendFor(config, database.url), logger);
   cleanup.push(() => queues.close());
   const queueReady = await queues.waitUntilReady().then(() => null, (error: Error) => error);
   if (queueReady) return fail('queue', `queue backend (${queues.backend.kind}) is not reachable: ${queueReady.message}`);

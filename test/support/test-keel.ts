@@ -26,6 +26,7 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
       KEEL_DATABASE_URL: databaseUrl,
       KEEL_SERVER_PORT: '0',
       KEEL_DATA_DIR: tempDir('keel-data-'),
+      KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       ...Object.fromEntries(Object.entries(overrides).map(([key, value]) => [key, typeof value === 'string' ? value : JSON.stringify(value)])),
       ...env,
@@ -44,7 +45,6 @@ export async function startTestKeel(
   const config = testConfig(databaseUrl, options.overrides, options.env);
   const started = await startKeel(config, options.logger ?? silentLogger(), {
     env: { ...options.env, KEEL_MASTER_KEY: masterKey },
-    queuePrefix: testQueuePrefix(),
     ...options.start,
   });
   if (!started.ok) {
@@ -60,5 +60,16 @@ export async function startTestKeel(
       await started.keel.stop();
       await database?.drop();
     },
+  };
+}
+
+/** The environment a `keel` CLI child needs to reach the same database, queues and key as `keel`. */
+export function cliEnvFor(keel: TestKeel): Record<string, string> {
+  return {
+    KEEL_DATABASE_URL: keel.databaseUrl,
+    KEEL_MASTER_KEY: keel.masterKey,
+    KEEL_DATA_DIR: keel.config.dataDir,
+    KEEL_QUEUE_PREFIX: keel.config.queue.prefix,
+    ...(keel.config.queue.redisUrl ? { KEEL_QUEUE_REDIS_URL: keel.config.queue.redisUrl } : {}),
   };
 }
