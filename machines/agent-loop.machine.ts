@@ -1,5 +1,5 @@
 import { assign, fromPromise, setup } from 'xstate';
-import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
+import type { ReplyOutcome, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { turnDigest } from '../src/runs/turn-digest.js';
 import type { TerminationReason } from './run.machine.js';
 
@@ -16,7 +16,11 @@ export type PendingApproval =
   | { kind: 'tools'; calls: ToolCall[]; digest: string }
   | { kind: 'guardrail'; stage: 'input' | 'answer'; guardrail: string; reason: string; answer: string | null; digest: string };
 
+/** Input asked for by a tool (toolCallId set) or by the agent itself (toolCallId empty: a user turn). */
 export type PendingInput = { toolCallId: string; toolName: string; prompt: string; schema: Record<string, unknown> };
+
+/** How the final answer is shown to an A2A client. */
+export type AnswerPresentation = 'artifact' | 'status_message' | 'direct_message';
 
 export type ResumeInput =
   | { kind: 'approval'; approved: boolean; digest: string }
@@ -35,14 +39,18 @@ export type LoopState = {
   providerIndex: number;
   inputChecked: boolean;
   lastText: string | null;
+  /** How the last reply wants its answer shown (absent: as an artifact). */
+  presentation?: AnswerPresentation;
   pendingApproval: PendingApproval | null;
   pendingInput: PendingInput | null;
   pendingDependency: { toolCallId: string; toolName: string; dependencyId: string } | null;
   resume: ResumeInput | null;
+  /** What the creator recorded with the request (the A2A messageId), passed to providers. */
+  requestMetadata?: Record<string, unknown>;
 };
 
 export type LoopOutcome =
-  | { kind: 'complete'; reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>; answer: string | null }
+  | { kind: 'complete'; reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>; answer: string | null; presentation?: AnswerPresentation }
   | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
   | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
@@ -52,8 +60,17 @@ export type LoopContext = LoopState & { limits: LoopLimits; outcome: LoopOutcome
 export type CheckpointResult = { alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' };
 
 export type ModelStepResult =
-  | { kind: 'reply'; text: string | null; toolCalls: ToolCall[]; approvalRequired: boolean; providerIndex: number; inputTokens: number; outputTokens: number }
-  | { kind: 'failed'; reason: 'provider_failed' | 'not_retryable'; errorClass: string; detail: Record<string, unknown> }
+  | {
+      kind: 'reply';
+      text: string | null;
+      toolCalls: ToolCall[];
+      approvalRequired: boolean;
+      providerIndex: number;
+      inputTokens: number;
+      outputTokens: number;
+      outcome?: ReplyOutcome;
+    }
+  | { kind: 'failed'; reason: 'provider_failed' | 'not_retryable' | 'result_not_retainable'; errorClass: string; detail: Record<string, unknown> }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
 
 export type ToolStepResult =
@@ -170,6 +187,7 @@ export const agentLoopMachine = setup({
               kind: 'complete',
               reason: 'completed',
               answer: context.pendingApproval?.kind === 'guardrail' ? context.pendingApproval.answer : context.lastText,
+              presentation: context.presentation ?? 'artifact',
             }),
           }),
         },
@@ -197,10 +215,11 @@ export const agentLoopMachine = setup({
               return [...context.transcript, { role: 'tool' as const, toolCallId: resume.toolCallId, name: resume.toolName, content: resume.content }];
             }
             const pending = context.pendingInput!;
-            return [
-              ...context.transcript,
-              { role: 'tool' as const, toolCallId: pending.toolCallId, name: pending.toolName, content: JSON.stringify(resume?.kind === 'input' ? resume.value : null) },
-            ];
+            const value = resume?.kind === 'input' ? resume.value : null;
+            if (pending.toolCallId === '') {
+              return [...context.transcript, { role: 'user' as const, content: typeof value === 'string' ? value : JSON.stringify(value) }];
+            }
+            return [...context.transcript, { role: 'tool' as const, toolCallId: pending.toolCallId, name: pending.toolName, content: JSON.stringify(value) }];
           },
           pendingInput: null,
           pendingDependency: null,
@@ -262,6 +281,37 @@ export const agentLoopMachine = setup({
             }),
           },
           {
+            guard: ({ event }) => event.output.kind === 'reply' && event.output.outcome?.kind === 'reject',
+            target: 'done',
+            actions: assign(({ context, event }) => {
+              const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
+              const outcome = reply.outcome as Extract<ReplyOutcome, { kind: 'reject' }>;
+              return {
+                iteration: context.iteration + 1,
+                inputTokens: context.inputTokens + reply.inputTokens,
+                outputTokens: context.outputTokens + reply.outputTokens,
+                outcome: { kind: 'fail' as const, reason: 'policy_denied' as const, detail: { rejected: true, reason: outcome.reason } },
+              };
+            }),
+          },
+          {
+            guard: ({ event }) => event.output.kind === 'reply' && event.output.outcome?.kind === 'input_required',
+            target: 'done',
+            actions: assign(({ context, event }) => {
+              const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
+              const outcome = reply.outcome as Extract<ReplyOutcome, { kind: 'input_required' }>;
+              return {
+                iteration: context.iteration + 1,
+                inputTokens: context.inputTokens + reply.inputTokens,
+                outputTokens: context.outputTokens + reply.outputTokens,
+                providerIndex: reply.providerIndex,
+                transcript: [...context.transcript, { role: 'assistant' as const, content: outcome.prompt }],
+                pendingInput: { toolCallId: '', toolName: '', prompt: outcome.prompt, schema: {} },
+                outcome: { kind: 'suspend' as const, status: 'waiting_for_input' as const },
+              };
+            }),
+          },
+          {
             guard: ({ event }) => event.output.kind === 'reply' && event.output.toolCalls.length > 0,
             target: 'toolTurn',
             actions: assign(({ context, event }) => {
@@ -281,13 +331,16 @@ export const agentLoopMachine = setup({
             target: 'checkingAnswer',
             actions: assign(({ context, event }) => {
               const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
+              const presented = reply.outcome?.kind === 'status_message' || reply.outcome?.kind === 'direct_message' ? reply.outcome : null;
+              const text = presented ? presented.text : reply.text;
               return {
                 iteration: context.iteration + 1,
                 inputTokens: context.inputTokens + reply.inputTokens,
                 outputTokens: context.outputTokens + reply.outputTokens,
                 providerIndex: reply.providerIndex,
-                lastText: reply.text,
-                transcript: [...context.transcript, { role: 'assistant' as const, content: reply.text }],
+                lastText: text,
+                presentation: presented ? presented.kind : ('artifact' as const),
+                transcript: [...context.transcript, { role: 'assistant' as const, content: text }],
               };
             }),
           },
@@ -364,7 +417,9 @@ export const agentLoopMachine = setup({
           {
             guard: ({ event }) => event.output.verdict === 'allow',
             target: 'done',
-            actions: assign({ outcome: ({ context }) => ({ kind: 'complete', reason: 'completed', answer: context.lastText }) }),
+            actions: assign({
+              outcome: ({ context }) => ({ kind: 'complete', reason: 'completed', answer: context.lastText, presentation: context.presentation ?? 'artifact' }),
+            }),
           },
           {
             guard: ({ event }) => event.output.verdict === 'deny',

@@ -1,7 +1,7 @@
 import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
-import { runJobId } from '../src/queue/job-ids.js';
+import { projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 
@@ -12,22 +12,22 @@ export const SWEEP_JOB = 'sweep';
 export const SWEEP_EVERY_MS = 15_000;
 const SWEEP_BATCH = 1000;
 
-export type SweepReport = { queuedRuns: number; restored: number };
+export type SweepReport = { queuedRuns: number; restored: number; projections?: number };
 export type ReapReport = { requeued: number; deadLettered: number };
 export type ReaperPolicy = { maxRequeues: number; requeueBaseMs: number; requeueMaxMs: number };
 
-const dueRow = z.object({ id: z.string(), delay_ms: z.number() });
+const dueRow = z.object({ id: z.string(), requeue_count: z.number(), delay_ms: z.number() });
 
 export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>): Promise<SweepReport> {
   const ids = await listQueuedRunIds(context.pool, SWEEP_BATCH);
   if (ids.length === 0) return { queuedRuns: 0, restored: 0 };
   // A delayed (requeued) run gets its job back with the remaining delay.
   const rows = await context.pool.any(sql.type(dueRow)`
-    SELECT id, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
+    SELECT id, requeue_count, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
     FROM runs WHERE id = ANY(${sql.array(ids, 'uuid')}) AND status = 'queued'`);
   let restored = 0;
   for (const row of rows) {
-    const outcome = await context.queues.ensureJob('runs', runJobId(row.id), { runId: row.id }, { delayMs: row.delay_ms });
+    const outcome = await context.queues.ensureJob('runs', runJobId(row.id, row.requeue_count), { runId: row.id }, { delayMs: row.delay_ms });
     if (outcome === 'added') restored += 1;
   }
   // A resume handed to a worker ('handoff:') is a debt too until a worker takes it.
@@ -38,6 +38,25 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
   }
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing run jobs');
   return { queuedRuns: rows.length, restored };
+}
+
+const debtRow = z.object({ id: z.string(), revision: z.number() });
+
+/**
+ * Projection debts: runs of A2A tasks with committed revisions not yet in the journal. Only those
+ * older than a few seconds are restored, so the sweeper does not race the in-process projection.
+ */
+export async function sweepProjectionDebts(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>): Promise<number> {
+  const debts = await context.pool.any(sql.type(debtRow)`
+    SELECT id, revision FROM runs
+    WHERE task_id IS NOT NULL AND revision > projected_revision AND updated_at < now() - interval '2 seconds'
+    ORDER BY updated_at LIMIT ${SWEEP_BATCH}`);
+  let restored = 0;
+  for (const debt of debts) {
+    if ((await context.queues.ensureJob('projector', projectionJobId(debt.id, debt.revision), { runId: debt.id })) === 'added') restored += 1;
+  }
+  if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing projection jobs');
+  return restored;
 }
 
 const expiredRow = z.object({ id: z.string(), requeue_count: z.number(), inside_non_idempotent_call: z.string().nullable() });
@@ -72,7 +91,7 @@ export async function reapExpiredLeases(context: Pick<KeelContext, 'pool' | 'que
     const delayMs = requeueDelayMs(policy, run.requeue_count);
     if (await requeueRun(context.pool, run.id, delayMs)) {
       report.requeued += 1;
-      await context.queues.ensureJob('runs', runJobId(run.id), { runId: run.id }, { delayMs });
+      await context.queues.ensureJob('runs', runJobId(run.id, run.requeue_count + 1), { runId: run.id }, { delayMs });
       context.logger.info({ runId: run.id, delayMs, requeues: run.requeue_count + 1 }, 'run requeued after its lease expired');
     }
   }
@@ -90,7 +109,8 @@ export function createMaintenanceProcessor(context: KeelContext) {
       case SWEEP_JOB: {
         const reaped = await reapExpiredLeases(context, policy);
         const swept = await sweepDebts(context);
-        return { ...reaped, ...swept };
+        const projections = await sweepProjectionDebts(context);
+        return { ...reaped, ...swept, projections };
       }
       default:
         context.logger.warn({ name: job.name }, 'unknown maintenance job ignored');

@@ -17,7 +17,8 @@ import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registr
 import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import { compareLevels, type PrivacyLevel } from '../src/privacy/privacy-level.js';
-import { tightenCeilings } from '../src/privacy/resolve-ceilings.js';
+import { answerIsRetainable, tightenCeilings } from '../src/privacy/resolve-ceilings.js';
+import { scrubTaskContent, writeTaskStatusMessage } from '../src/tasks/task-repository.js';
 import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun } from '../src/runs/complete-run.js';
@@ -57,6 +58,9 @@ export type ExecutionReport =
   | { kind: 'suspended'; status: string }
   | { kind: 'stopped'; why: 'lease_lost' | 'cancelled' };
 
+/** Called after each commit that changed the run (the projector turns revisions into journal events). */
+export type AfterCommit = (runId: string) => void;
+
 export type RunExecutor = {
   execute: (runId: string) => Promise<ExecutionReport>;
   processor: (job: Job<{ runId: string }>) => Promise<ExecutionReport>;
@@ -64,8 +68,9 @@ export type RunExecutor = {
 
 const TOOL_RESULT_LIMIT = 64 * 1024;
 
-function freshState(messages: TranscriptMessage[]): LoopState {
+function freshState(messages: TranscriptMessage[], requestMetadata?: Record<string, unknown>): LoopState {
   return {
+    ...(requestMetadata ? { requestMetadata } : {}),
     transcript: messages,
     iteration: 0,
     toolCallCount: 0,
@@ -102,7 +107,13 @@ const sleep = (ms: number, signal: AbortSignal) =>
 
 const ceilingRow = z.object({ status: z.string(), claimed_by: z.string().nullable(), audit_level: z.string(), answer_level: z.string(), revision: z.number() });
 
-export function createRunExecutor(context: KeelContext, registry: AgentRegistry, fetch: GuardedFetch, options: ExecutorOptions): RunExecutor {
+export function createRunExecutor(
+  context: KeelContext,
+  registry: AgentRegistry,
+  fetch: GuardedFetch,
+  options: ExecutorOptions,
+  afterCommit: AfterCommit = () => undefined,
+): RunExecutor {
   const { pool, sealer, logger, workerId } = context;
   const claim = { workerId, leaseMs: options.leaseMs };
   const ajv = new Ajv({ allErrors: false, strict: false });
@@ -129,12 +140,13 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
     const request = runRequestSchema.safeParse(opened.value);
     if (!request.success) return { ok: false, detail: 'the stored request is malformed' };
     const system: TranscriptMessage[] = agent.config.systemPrompt ? [{ role: 'system', content: agent.config.systemPrompt }] : [];
-    return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])]) };
+    return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
   }
 
   async function execute(runId: string): Promise<ExecutionReport> {
     const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
     if (!run) return { kind: 'skipped' };
+    afterCommit(runId);
     const runLog = logger.child({ runId, agent: run.agent });
 
     const agent = registry.get(run.agent);
@@ -161,16 +173,26 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
     let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);
     if (appliedProvider < 0) appliedProvider = 0;
 
-    /** Applies a fallback provider's ceilings under the run-row lock; scrubs stored answers if the answer ceiling tightened. */
-    async function applyProviderCeilings(index: number): Promise<boolean> {
+    /**
+     * Applies a fallback provider's ceilings under the run-row lock and scrubs stored answers if the
+     * answer ceiling tightened. For an A2A task a ceiling that no longer lets the result be kept
+     * removes every stored content in the same transaction ('not_retainable').
+     */
+    async function applyProviderCeilings(index: number): Promise<'applied' | 'lost' | 'not_retainable'> {
       const link = agent!.chain[index]!;
       return pool.transaction(async (transaction) => {
         const row = await transaction.maybeOne(sql.type(ceilingRow)`
           SELECT status, claimed_by, audit_level, answer_level, revision FROM runs WHERE id = ${runId} FOR UPDATE`);
-        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return false;
+        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return 'lost';
         const current = { auditLevel: row.audit_level as PrivacyLevel, answerLevel: row.answer_level as PrivacyLevel };
         const next = tightenCeilings(current, link.ceilings);
-        if (compareLevels(next.answerLevel, current.answerLevel) < 0) await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
+        const notRetainable = run!.task_id !== null && !answerIsRetainable(next.answerLevel);
+        if (notRetainable) {
+          await transaction.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${runId}`);
+          await scrubTaskContent(transaction, run!.task_id!);
+        } else if (compareLevels(next.answerLevel, current.answerLevel) < 0) {
+          await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
+        }
         await transaction.query(sql.unsafe`
           UPDATE runs SET audit_level = ${next.auditLevel}, answer_level = ${next.answerLevel}, provider = ${link.provider.name},
             revision = revision + 1, updated_at = now()
@@ -180,7 +202,7 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
           kind: 'provider_selected',
           meta: { provider: link.provider.name, position: index, auditLevel: next.auditLevel, answerLevel: next.answerLevel, tightened: next.answerLevel !== current.answerLevel || next.auditLevel !== current.auditLevel },
         });
-        return true;
+        return notRetainable ? 'not_retainable' : 'applied';
       });
     }
 
@@ -215,13 +237,25 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
       for (let index = state.providerIndex; index < agent.chain.length; index += 1) {
         const link = agent.chain[index]!;
         if (index !== appliedProvider) {
-          if (!(await applyProviderCeilings(index))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+          const applied = await applyProviderCeilings(index);
+          afterCommit(runId);
+          if (applied === 'lost') return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
           appliedProvider = index;
+          if (applied === 'not_retainable') {
+            return { kind: 'failed', reason: 'result_not_retainable', errorClass: 'privacy', detail: { provider: link.provider.name, answerLevel: link.ceilings.answerLevel } };
+          }
         }
         for (let attempt = 1; attempt <= options.providerAttempts; attempt += 1) {
           if (lease.loss) return { kind: 'stop', why: lease.loss };
           const started = Date.now();
-          const outcome = await link.provider.call({ runId, iteration: state.iteration, transcript: state.transcript, tools, signal: lease.abort.signal });
+          const outcome = await link.provider.call({
+            runId,
+            iteration: state.iteration,
+            transcript: state.transcript,
+            tools,
+            signal: lease.abort.signal,
+            ...(state.requestMetadata ? { requestMetadata: state.requestMetadata } : {}),
+          });
           if (lease.loss) return { kind: 'stop', why: lease.loss };
           if (outcome.ok) {
             const { reply } = outcome;
@@ -240,6 +274,7 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
               content: { text: reply.text, toolCalls: reply.toolCalls },
             });
             if (!(await storeArtifacts(state, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+            if (reply.artifacts.length > 0) afterCommit(runId);
             const approvalRequired = reply.toolCalls.some((call) => agent.tools.get(call.name)?.needsApproval === true);
             return {
               kind: 'reply',
@@ -249,6 +284,7 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
               providerIndex: index,
               inputTokens: reply.usage.inputTokens,
               outputTokens: reply.usage.outputTokens,
+              ...(reply.outcome ? { outcome: reply.outcome } : {}),
             };
           }
           lastFailure = outcome.failure;
@@ -371,10 +407,18 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
         case 'complete': {
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
           await audit.flush(pool);
-          const settled = await completeRun(pool, sealer, logger, { runId, workerId, reason: result.reason, answer: result.answer, totals }).catch(async (error: Error) => {
+          const settled = await completeRun(pool, sealer, logger, {
+            runId,
+            workerId,
+            reason: result.reason,
+            answer: result.answer,
+            ...(result.presentation ? { presentation: result.presentation } : {}),
+            totals,
+          }).catch(async (error: Error) => {
             runLog.error({ err: error }, 'the result could not be stored; failing the run');
             return settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
           });
+          afterCommit(runId);
           if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
           return { kind: 'settled', status: settled.run.status as 'completed' | 'failed', reason: settled.run.termination_reason ?? result.reason };
         }
@@ -389,6 +433,7 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
             workerId,
             totals,
           });
+          afterCommit(runId);
           if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
           return { kind: 'settled', status: 'failed', reason: result.reason };
         }
@@ -408,7 +453,20 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
           });
           await audit.flush(pool);
           try {
-            const suspended = await suspendRun(pool, sealer, runId, workerId, result.status, { ...state, resume: null }, totals);
+            const suspended = await pool.transaction(async (transaction) => {
+              const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals);
+              // The INPUT_REQUIRED prompt is the task's status message while it waits.
+              if (row?.task_id && state.pendingInput) {
+                await writeTaskStatusMessage(transaction, sealer, row.task_id, row.answer_level, {
+                  messageId: `${row.task_id}-input-${row.revision}`,
+                  role: 'ROLE_AGENT',
+                  parts: [{ text: state.pendingInput.prompt }],
+                  taskId: row.task_id,
+                });
+              }
+              return row;
+            });
+            afterCommit(runId);
             if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
             return { kind: 'suspended', status: result.status };
           } catch (error) {
@@ -416,6 +474,7 @@ export function createRunExecutor(context: KeelContext, registry: AgentRegistry,
             runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
             const reason = result.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';
             await settleRun(pool, logger, runId, { status: 'failed', reason, workerId, totals, failureDetail: { reason: 'suspension_not_stored', status: result.status } });
+            afterCommit(runId);
             return { kind: 'settled', status: 'failed', reason };
           }
         }

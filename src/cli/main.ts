@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
+import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
 import { registerKeysCommands } from './keys-commands.js';
 import { registerMigrateCommand } from './migrate-command.js';
@@ -18,6 +19,7 @@ export function buildProgram(): Command {
   registerDoctorCommand(program, globals);
   registerRunsCommands(program, globals);
   registerKeysCommands(program, globals);
+  registerClientsCommands(program, globals);
   program.commands.forEach((command) => command.exitOverride());
   return program;
 }

@@ -192,6 +192,10 @@ const agentSchema = z
     privacy: privacyCeilings.optional(),
     guardrails: z.array(guardrailSchema).default([]),
     systemPrompt: z.string().optional(),
+    /** A2A extensions the agent supports; a required one must be requested by the client (A2A-Extensions). */
+    extensions: z
+      .array(z.object({ uri: z.string().min(1), description: z.string().default(''), required: z.boolean().default(false) }).strict())
+      .default([]),
     skills: z.array(skillSchema).default([]),
   })
   .strict();

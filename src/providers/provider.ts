@@ -35,12 +35,25 @@ export type ArtifactEmission = {
 
 export type ProviderUsage = { inputTokens: number; outputTokens: number };
 
+/**
+ * How a final reply is presented to an A2A client, when not as the default answer artifact:
+ * as the task's final status message, as a direct Message (no task shown), a rejection of the
+ * task, or a request for more input from the user (INPUT_REQUIRED).
+ */
+export type ReplyOutcome =
+  | { kind: 'status_message'; text: string }
+  | { kind: 'direct_message'; text: string }
+  | { kind: 'reject'; reason: string }
+  | { kind: 'input_required'; prompt: string };
+
 export type ProviderReply = {
   /** Final answer text when there are no tool calls. */
   text: string | null;
   toolCalls: ToolCall[];
   artifacts: ArtifactEmission[];
   usage: ProviderUsage;
+  /** Absent: the text (if any) is the answer artifact. */
+  outcome?: ReplyOutcome;
 };
 
 export type ProviderFailure = {
@@ -61,6 +74,8 @@ export type ProviderCallInput = {
   transcript: readonly TranscriptMessage[];
   tools: readonly ToolSpec[];
   signal: AbortSignal;
+  /** What the layer that created the run recorded with it (the A2A messageId of the latest message). */
+  requestMetadata?: Record<string, unknown>;
 };
 
 export type Provider = {

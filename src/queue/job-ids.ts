@@ -1,7 +1,10 @@
 // Deterministic job ids: a job is only a wake-up, and the same debt always maps to the same id, so
 // enqueueing twice is harmless. BullMQ refuses ':' in custom ids, hence '-' where DESIGN.md
 // writes `run:<id>`.
-export const runJobId = (runId: string) => `run-${runId}`;
+// A requeued run gets a job id of its own (`run-<id>-r<n>`): the job of the worker that crashed
+// stays 'active' in BullMQ until its lock expires and stall detection runs (30-60 s), and under the
+// same id it would hide the requeue's wake-up until then.
+export const runJobId = (runId: string, requeues = 0) => (requeues > 0 ? `run-${runId}-r${requeues}` : `run-${runId}`);
 export const projectionJobId = (runId: string, revision: number) => `proj-${runId}-${revision}`;
 export const deliveryJobId = (deliveryId: string) => `dlv-${deliveryId}`;
 export const inboxJobId = (inboxId: string) => `inbox-${inboxId}`;

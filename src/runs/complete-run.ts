@@ -1,10 +1,15 @@
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
+import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
+import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { appendRunOutputs } from './run-output-repository.js';
+import { mergeArtifacts } from '../tasks/merge-artifacts.js';
+import { scrubTaskContent, writeTaskResult } from '../tasks/task-repository.js';
+import type { Artifact, Message } from '../a2a/wire.js';
+import { appendRunOutputs, listRunOutputs } from './run-output-repository.js';
 import { settleRun, type RunTotals, type SettleResult } from './run-repository.js';
 
 export type CompletionInput = {
@@ -12,28 +17,68 @@ export type CompletionInput = {
   workerId: string;
   reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>;
   answer: string | null;
+  presentation?: AnswerPresentation;
   totals: RunTotals;
 };
 
-const lockedRun = z.object({ status: z.string(), claimed_by: z.string().nullable(), answer_level: z.string(), revision: z.number() });
+const lockedRun = z.object({
+  status: z.string(),
+  claimed_by: z.string().nullable(),
+  answer_level: z.string(),
+  revision: z.number(),
+  task_id: z.string().nullable(),
+  context_id: z.string().nullable(),
+});
 
 /**
- * Completion is one transaction: under the run-row lock, reread the answer ceiling, write the
- * answer at that level, and move the run to COMPLETED. If the answer cannot be written the run is
- * not completed (the transaction rolls back and the caller fails the run).
+ * Completion is one transaction (DESIGN.md, ADR-282): under the run-row lock, reread the answer
+ * ceiling, write the sealed result (to the task row for an A2A task, else to run_outputs), and move
+ * run and task to COMPLETED together. A ceiling that no longer lets the result be kept fails the
+ * run instead (`result_not_retainable`) with nothing stored. If the result cannot be written the
+ * transaction rolls back and the caller fails the run: a COMPLETED task always has its result.
  */
 export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<SettleResult> {
   return pool.transaction(async (transaction) => {
     const run = await transaction.maybeOne(sql.type(lockedRun)`
-      SELECT status, claimed_by, answer_level, revision FROM runs WHERE id = ${input.runId} FOR UPDATE`);
-    if (!run || run.status !== 'running' || run.claimed_by !== input.workerId) {
-      return settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
+      SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, t.context_id
+      FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id
+      WHERE r.id = ${input.runId} FOR UPDATE OF r`);
+    const settle = () =>
+      settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
+    if (!run || run.status !== 'running' || run.claimed_by !== input.workerId) return settle();
+    const level = run.answer_level as PrivacyLevel;
+
+    if (run.task_id === null) {
+      if (input.answer !== null) {
+        await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, [
+          { kind: 'answer', artifactId: 'answer', append: false, lastChunk: true, content: { artifactId: 'answer', name: 'answer', parts: [{ text: input.answer }] } },
+        ]);
+      }
+      return settle();
     }
-    if (input.answer !== null) {
-      await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, run.answer_level as PrivacyLevel, [
-        { kind: 'answer', artifactId: 'answer', append: false, lastChunk: true, content: { artifactId: 'answer', name: 'answer', parts: [{ text: input.answer }] } },
-      ]);
+
+    if (!answerIsRetainable(level)) {
+      await transaction.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${input.runId}`);
+      await scrubTaskContent(transaction, run.task_id);
+      return settleRun(transaction, logger, input.runId, {
+        status: 'failed',
+        reason: 'result_not_retainable',
+        workerId: input.workerId,
+        totals: input.totals,
+        failureDetail: { answerLevel: level },
+      });
     }
-    return settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
+
+    const presentation = input.presentation ?? 'artifact';
+    const artifacts: Artifact[] = mergeArtifacts(await listRunOutputs(transaction, sealer, input.runId));
+    if (presentation === 'artifact' && input.answer !== null) {
+      artifacts.push({ artifactId: `${run.task_id}-answer`, name: 'answer', parts: [{ text: input.answer }] });
+    }
+    const statusMessage: Message | null =
+      presentation !== 'artifact' && input.answer !== null
+        ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: run.context_id ?? undefined, taskId: run.task_id }
+        : null;
+    await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage: presentation === 'direct_message' });
+    return settle();
   });
 }

@@ -36,6 +36,8 @@ export type CreateRunInput = {
   answerLevel: PrivacyLevel;
   /** The provider of the chain the ceilings were resolved with (the primary). */
   provider?: string;
+  /** The A2A task this run serves, if any (its id is the task's first run id). */
+  taskId?: string;
   request: unknown;
 };
 
@@ -43,8 +45,9 @@ export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput): 
   const id = input.id ?? randomUUID();
   const sealed = sealer.sealJson(queuedRequestContext(id), input.request);
   return db.one(sql.type(runRow)`
-    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, queued_request)
-    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null}, ${sql.binary(sealed)})
+    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request)
+    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null},
+      ${input.taskId ?? null}, ${sql.binary(sealed)})
     RETURNING *`);
 }
 

@@ -8,8 +8,15 @@ import { buildHttpServer } from '../http/http-server.js';
 import type { KeelLogger } from '../log/logger.js';
 import { KeelQueues, type QueueBackend } from '../queue/keel-queues.js';
 import { prepareSealing } from '../sealing/master-key-store.js';
+import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
 import { createRunExecutor } from '../../workers/run-executor.js';
+import { createProjectorProcessor } from '../../workers/projector.js';
+import { A2AService } from '../a2a/a2a-service.js';
+import { registerA2ARoutes } from '../a2a/a2a-routes.js';
+import { ClientAuthenticator } from '../auth/client-authenticator.js';
+import { JournalListener } from '../tasks/journal-listener.js';
+import { ProjectionScheduler } from '../tasks/projector.js';
 import { buildAgentRegistry, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import type { KeelContext } from './keel-context.js';
@@ -17,6 +24,8 @@ import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 export type KeelInstance = {
   context: KeelContext;
+  projector: ProjectionScheduler;
+  listener: JournalListener;
   registry: AgentRegistry;
   fetch: ClosableGuardedFetch;
   http: FastifyInstance;
@@ -30,6 +39,8 @@ export type StartOptions = {
   sweepEveryMs?: number;
   /** Which roles this process runs (`keel start --role`). */
   role?: 'all' | 'api' | 'worker';
+  /** Where one-time notices go (the local client's token); stderr by default. */
+  notice?: (text: string) => void;
   /** Skip the HTTP listener (workers only). */
   listen?: boolean;
 };
@@ -75,6 +86,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const sealing = await prepareSealing(database.pool, config.security.masterKeyFile, env);
   if (!sealing.ok) return fail('master key', sealing.message);
   if (sealing.created) logger.info({ file: config.security.masterKeyFile, keyId: sealing.sealer.activeKeyId }, 'created a new master key file');
+  const localClient = await ensureLocalClient(database.pool, config, logger, options.notice ? { write: options.notice } : {});
+  if (localClient.action === 'failed') return fail('clients', localClient.message);
 
   const queues = new KeelQueues(queueBackendFor(config, database.url), logger);
   cleanup.push(() => queues.close());
@@ -90,15 +103,30 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
   };
 
+  // Committed run revisions are projected into the journal right away in this process; the
+  // projector queue and the sweeper repair whatever a crash leaves behind.
+  const projector = new ProjectionScheduler(database.pool, sealing.sealer, logger);
+  const listener = new JournalListener(database.url, logger);
+  const listening = await listener.start().then(() => null, (error: Error) => error);
+  if (listening) return fail('database', `cannot LISTEN for journal notifications: ${listening.message}`);
+  cleanup.push(() => listener.stop());
+
   if (role !== 'api') {
-    const executor = createRunExecutor(context, registry, fetch, {
-      leaseMs: config.runs.leaseSeconds * 1000,
-      heartbeatMs: config.runs.heartbeatSeconds * 1000,
-      providerAttempts: config.runs.providerAttempts,
-      providerBackoffMs: config.runs.providerBackoffMs,
-      maxBackoffMs: 60_000,
-    });
+    const executor = createRunExecutor(
+      context,
+      registry,
+      fetch,
+      {
+        leaseMs: config.runs.leaseSeconds * 1000,
+        heartbeatMs: config.runs.heartbeatSeconds * 1000,
+        providerAttempts: config.runs.providerAttempts,
+        providerBackoffMs: config.runs.providerBackoffMs,
+        maxBackoffMs: 60_000,
+      },
+      (runId) => projector.wake(runId),
+    );
     queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
+    queues.createWorker('projector', createProjectorProcessor(context), { concurrency: 4 });
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
@@ -112,10 +140,17 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
+  if (role !== 'worker') {
+    const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger });
+    const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
+    registerA2ARoutes(http, { service, registry, authenticator, config, logger });
+  }
   let url = '';
   if (options.listen !== false) {
     try {
       url = await http.listen({ host: config.server.host, port: config.server.port });
+      // Port 0 picks a free port: without an explicit publicUrl, cards name the real one.
+      if (config.server.port === 0 && config.server.publicUrl.endsWith(':0')) config.server.publicUrl = url;
     } catch (error) {
       return fail('http', `cannot listen on ${config.server.host}:${config.server.port}: ${(error as Error).message}`);
     }
@@ -127,12 +162,14 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const stop = () => {
     // Order matters: stop taking requests, let workers finish, then close queues, pool, database.
     stopping ??= (async () => {
+      await listener.stop().catch(() => undefined);
       await http.close().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
+      await projector.idle().catch(() => undefined);
       await fetch.close().catch(() => undefined);
       await database.close();
     })();
     return stopping;
   };
-  return { ok: true, keel: { context, registry, fetch, http, url, stop } };
+  return { ok: true, keel: { context, registry, fetch, http, url, stop, projector, listener } };
 }

@@ -7,4 +7,10 @@ export const SEALED_COLUMNS: readonly SealedColumn[] = [
   { table: 'runs', column: 'queued_request', keyColumns: ['id'] },
   { table: 'runs', column: 'suspended_state', keyColumns: ['id'] },
   { table: 'run_outputs', column: 'content', keyColumns: ['run_id', 'ordinal'] },
+  { table: 'a2a_tasks', column: 'status_message', keyColumns: ['id'] },
+  { table: 'a2a_tasks', column: 'artifacts', keyColumns: ['id'] },
+  { table: 'a2a_tasks', column: 'history', keyColumns: ['id'] },
+  { table: 'a2a_events', column: 'payload', keyColumns: ['task_id', 'sequence'] },
+  { table: 'push_configs', column: 'token', keyColumns: ['task_id', 'id'] },
+  { table: 'push_configs', column: 'credentials', keyColumns: ['task_id', 'id'] },
 ];

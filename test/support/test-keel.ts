@@ -45,6 +45,7 @@ export async function startTestKeel(
   const config = testConfig(databaseUrl, options.overrides, options.env);
   const started = await startKeel(config, options.logger ?? silentLogger(), {
     env: { ...options.env, KEEL_MASTER_KEY: masterKey },
+    notice: () => undefined,
     ...options.start,
   });
   if (!started.ok) {

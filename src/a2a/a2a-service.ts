@@ -1,0 +1,404 @@
+import { randomUUID } from 'node:crypto';
+import type { DatabasePool } from 'slonik';
+import type { AgentRegistry, RegisteredAgent } from '../agents/agent-registry.js';
+import type { KeelConfig } from '../config/load-config.js';
+import type { KeelLogger } from '../log/logger.js';
+import { checkUrl, describeRefusal, type Resolver } from '../net/guarded-fetch.js';
+import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
+import type { KeelQueues } from '../queue/keel-queues.js';
+import { enqueueRun } from '../runs/create-agent-run.js';
+import { provideRunInput } from '../runs/resume-run.js';
+import { cancelRun, createRun } from '../runs/run-repository.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig } from '../push/push-config-repository.js';
+import { journalEndedAfter, readJournal } from '../tasks/journal.js';
+import type { JournalListener } from '../tasks/journal-listener.js';
+import type { ProjectionScheduler } from '../tasks/projector.js';
+import {
+  appendTaskHistory,
+  contextTranscript,
+  ensureContext,
+  getTaskRow,
+  insertTask,
+  isUuid,
+  listTaskRows,
+  openSealed,
+  taskView,
+  writeTaskStatusMessage,
+  type TaskRow,
+} from '../tasks/task-repository.js';
+import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
+import { buildAgentCard } from './agent-card.js';
+import {
+  endsStream,
+  isoTime,
+  isTerminalState,
+  messageText,
+  type ListTasksParams,
+  type Message,
+  type SendMessageParams,
+  type StreamResponse,
+  type Task,
+  type WireMessage,
+} from './wire.js';
+
+// The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
+// error; nothing here throws for bad input. Tasks and contexts belong to the calling client:
+// another client's task answers TaskNotFoundError, exactly like one that never existed.
+
+export type Caller = { clientId: string; agent: RegisteredAgent };
+
+export type A2AServiceDeps = {
+  pool: DatabasePool;
+  sealer: Sealer;
+  queues: KeelQueues;
+  registry: AgentRegistry;
+  listener: JournalListener;
+  projector: ProjectionScheduler;
+  config: KeelConfig;
+  logger: KeelLogger;
+  /** Tests point the guard at a resolver of their own. */
+  resolver?: Resolver;
+};
+
+export type SendResult = { task: Task } | { message: Message };
+
+/** One event of a stream: its journal sequence (the SSE id) and the StreamResponse. */
+export type StreamItem = { id: number; response: StreamResponse };
+
+type PushConfigInput = { id?: string | undefined; url: string; token?: string | undefined; authentication?: { scheme: string; credentials?: string | undefined } | undefined };
+
+const PAGE_TOKEN_VERSION = 1;
+
+function encodePageToken(row: TaskRow): string {
+  return Buffer.from(JSON.stringify([PAGE_TOKEN_VERSION, row.status_timestamp, row.id])).toString('base64url');
+}
+
+function decodePageToken(token: string): { timestamp: number; id: string } | null {
+  try {
+    const [version, timestamp, id] = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as [number, number, string];
+    if (version !== PAGE_TOKEN_VERSION || typeof timestamp !== 'number' || typeof id !== 'string' || !isUuid(id)) return null;
+    return { timestamp, id };
+  } catch {
+    return null;
+  }
+}
+
+export class A2AService {
+  constructor(private readonly deps: A2AServiceDeps) {}
+
+  private get blockingCapMs(): number {
+    return this.deps.config.a2a.blockingCapSeconds * 1000;
+  }
+
+  /** The client's message as stored in history: ids filled in, nothing else added. */
+  private storedMessage(message: WireMessage, taskId: string, contextId: string): Message {
+    return {
+      messageId: message.messageId,
+      role: message.role,
+      parts: message.parts as Message['parts'],
+      contextId,
+      taskId,
+      ...(message.metadata ? { metadata: message.metadata } : {}),
+      ...(message.referenceTaskIds ? { referenceTaskIds: message.referenceTaskIds } : {}),
+      ...(message.extensions ? { extensions: message.extensions } : {}),
+    };
+  }
+
+  private async checkPushTarget(input: PushConfigInput, field: string): Promise<A2AError | null> {
+    const check = await checkUrl(input.url, this.deps.config.security.addressGuard, this.deps.resolver);
+    if (check.ok) return null;
+    const description = describeRefusal(check.refusal);
+    return A2AErrors.invalidParams(`push notification url refused: ${description}`, {
+      fieldViolations: [{ field: `${field}.url`, description: `refused by the address guard (${check.refusal.reason}): ${description}` }],
+      metadata: { reason: check.refusal.reason },
+    });
+  }
+
+  async sendMessage(caller: Caller, params: SendMessageParams): Promise<Result<SendResult>> {
+    const started = await this.acceptMessage(caller, params);
+    if (!started.ok) return started;
+    const { taskId, afterSequence } = started.value;
+    if (!params.configuration?.returnImmediately) await this.waitForJournalEnd(taskId, afterSequence, this.blockingCapMs);
+    return this.sendResult(caller, taskId, params.configuration?.historyLength);
+  }
+
+  private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    if (!row) return fail(taskNotFound(taskId));
+    if (row.direct_message && row.state === 'TASK_STATE_COMPLETED') {
+      const message = openSealed<Message | null>(this.deps.sealer, row.id, 'status_message', row.status_message, null);
+      if (message) {
+        const { taskId: _taskId, ...direct } = message;
+        return ok({ message: direct });
+      }
+    }
+    return ok({ task: taskView(this.deps.sealer, row, { historyLength }) });
+  }
+
+  /**
+   * Validates and records the message: a new task (QUEUED run, task row, history, optional push
+   * config, all in one transaction; the run's job after the commit), or input to a task that is
+   * waiting for it. Returns the task and the journal position to wait from.
+   */
+  async acceptMessage(caller: Caller, params: SendMessageParams): Promise<Result<{ taskId: string; afterSequence: number }>> {
+    const { message } = params;
+    if (message.role !== 'ROLE_USER') {
+      return fail(invalidParams([{ path: ['message', 'role'], message: 'a client sends messages with role ROLE_USER' }]));
+    }
+    const pushInput = params.configuration?.taskPushNotificationConfig;
+    if (pushInput) {
+      const refused = await this.checkPushTarget(pushInput, 'configuration.taskPushNotificationConfig');
+      if (refused) return fail(refused);
+    }
+    if (message.taskId !== undefined) return this.continueTask(caller, message, pushInput);
+
+    const primary = caller.agent.chain[0]!;
+    if (!answerIsRetainable(primary.ceilings.answerLevel)) {
+      return fail(
+        A2AErrors.resultNotRetainable(`agent ${caller.agent.config.id} keeps no result under this installation's privacy policy (answer level ${primary.ceilings.answerLevel})`, {
+          metadata: { agent: caller.agent.config.id, answerLevel: primary.ceilings.answerLevel },
+        }),
+      );
+    }
+
+    const taskId = randomUUID();
+    const contextId = message.contextId ?? randomUUID();
+    const { pool, sealer } = this.deps;
+    const stored = this.storedMessage(message, taskId, contextId);
+    await pool.transaction(async (transaction) => {
+      await ensureContext(transaction, caller.clientId, contextId);
+      const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
+      await createRun(transaction, sealer, {
+        id: taskId,
+        agent: caller.agent.config.id,
+        auditLevel: primary.ceilings.auditLevel,
+        answerLevel: primary.ceilings.answerLevel,
+        provider: primary.provider.name,
+        taskId,
+        request: { messages: [...earlier, { role: 'user', content: messageText(message) }], metadata: { messageId: message.messageId, contextId } },
+      });
+      await insertTask(transaction, sealer, {
+        id: taskId,
+        contextId,
+        owner: caller.clientId,
+        agent: caller.agent.config.id,
+        answerLevel: primary.ceilings.answerLevel,
+        history: [stored],
+        metadata: params.metadata ?? {},
+      });
+      if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
+    });
+    await enqueueRun(this.deps.queues, taskId);
+    return ok({ taskId, afterSequence: 0 });
+  }
+
+  private async continueTask(caller: Caller, message: WireMessage, pushInput: PushConfigInput | undefined): Promise<Result<{ taskId: string; afterSequence: number }>> {
+    const taskId = message.taskId!;
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    if (message.contextId !== undefined && message.contextId !== row.context_id) {
+      return fail(invalidParams([{ path: ['message', 'contextId'], message: `task ${taskId} belongs to another context` }]));
+    }
+    if (isTerminalState(row.state)) {
+      return fail(A2AErrors.unsupportedOperation(`task ${taskId} is ${row.state} and takes no more messages; send a new message in its context instead`, { metadata: { taskId, state: row.state } }));
+    }
+    if (row.state !== 'TASK_STATE_INPUT_REQUIRED') {
+      return fail(A2AErrors.unsupportedOperation(`task ${taskId} is ${row.state}, not waiting for input`, { metadata: { taskId, state: row.state } }));
+    }
+    const data = message.parts.find((part) => part.data !== undefined)?.data;
+    const value = data !== undefined ? data : messageText(message);
+    const provided = await provideRunInput(this.deps, row.run_id, value);
+    if (!provided.ok) {
+      switch (provided.reason) {
+        case 'invalid_input':
+          return fail(invalidParams([{ path: ['message', 'parts'], message: `the input does not match what the task asked for: ${provided.errors}` }]));
+        case 'not_found':
+          return fail(taskNotFound(taskId));
+        case 'not_waiting':
+        case 'already_decided':
+          return fail(A2AErrors.unsupportedOperation(`task ${taskId} is no longer waiting for input`, { metadata: { taskId } }));
+        case 'unreadable':
+          return fail(A2AErrors.internal('the waiting task could not be read'));
+      }
+    }
+    const stored = this.storedMessage(message, taskId, row.context_id);
+    await this.deps.pool.transaction(async (transaction) => {
+      await appendTaskHistory(transaction, this.deps.sealer, row, [stored]);
+      await writeTaskStatusMessage(transaction, this.deps.sealer, taskId, row.answer_level as never, null);
+      if (pushInput) await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId });
+    });
+    this.deps.projector.wake(row.run_id);
+    return ok({ taskId, afterSequence: row.last_sequence });
+  }
+
+  /** Waits on the journal (never on the executor) until it announces an end of the wait, or the cap. */
+  async waitForJournalEnd(taskId: string, afterSequence: number, capMs: number): Promise<boolean> {
+    const deadline = Date.now() + capMs;
+    let wake: () => void = () => undefined;
+    const unsubscribe = this.deps.listener.subscribe(taskId, () => wake());
+    try {
+      for (;;) {
+        const woken = new Promise<void>((resolve) => (wake = resolve));
+        if (await journalEndedAfter(this.deps.pool, taskId, afterSequence)) return true;
+        const remaining = deadline - Date.now();
+        if (remaining <= 0) return false;
+        // A listener that lost its connection is reconnecting; poll slowly meanwhile.
+        const fallback = this.deps.listener.listening ? remaining : Math.min(remaining, 500);
+        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, fallback).unref())]);
+      }
+    } finally {
+      unsubscribe();
+    }
+  }
+
+  async getTask(caller: Caller, id: string, historyLength?: number): Promise<Result<Task>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    return ok(taskView(this.deps.sealer, row, { historyLength }));
+  }
+
+  async listTasks(caller: Caller, params: ListTasksParams): Promise<Result<{ tasks: Task[]; nextPageToken: string; pageSize: number; totalSize: number }>> {
+    const pageSize = params.pageSize ?? 50;
+    let after: { timestamp: number; id: string } | undefined;
+    if (params.pageToken) {
+      const decoded = decodePageToken(params.pageToken);
+      if (!decoded) return fail(invalidParams([{ path: ['pageToken'], message: 'not a page token returned by ListTasks' }]));
+      after = decoded;
+    }
+    const { rows, total } = await listTaskRows(this.deps.pool, {
+      owner: caller.clientId,
+      contextId: params.contextId || undefined,
+      state: params.status,
+      statusAfter: params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : undefined,
+      pageSize,
+      after,
+    });
+    const page = rows.slice(0, pageSize);
+    const tasks = page.map((row) => taskView(this.deps.sealer, row, { historyLength: params.historyLength ?? 0, includeArtifacts: params.includeArtifacts ?? false }));
+    return ok({ tasks, nextPageToken: rows.length > pageSize ? encodePageToken(page[page.length - 1]!) : '', pageSize, totalSize: total });
+  }
+
+  async cancelTask(caller: Caller, id: string): Promise<Result<Task>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    if (isTerminalState(row.state)) {
+      return fail(A2AErrors.taskNotCancelable(`task ${id} is ${row.state} and cannot be cancelled`, { metadata: { taskId: id, state: row.state } }));
+    }
+    const result = await cancelRun(this.deps.pool, this.deps.logger, row.run_id);
+    if (!result.settled) {
+      return fail(A2AErrors.taskNotCancelable(`task ${id} ended before it could be cancelled`, { metadata: { taskId: id } }));
+    }
+    this.deps.projector.wake(row.run_id);
+    return this.getTask(caller, id);
+  }
+
+  /**
+   * A stream from the journal only: the Task first (unless resuming after `lastEventId`), then the
+   * journal's events in order; it ends after an event that ends a stream (terminal or interrupted).
+   */
+  async *stream(caller: Caller, taskId: string, options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean }): AsyncGenerator<StreamItem> {
+    const { pool, sealer, listener } = this.deps;
+    let wake: () => void = () => undefined;
+    const unsubscribe = listener.subscribe(taskId, () => wake());
+    const onAbort = () => wake();
+    options.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      let cursor = options.lastEventId ?? 0;
+      if (options.withSnapshot && options.lastEventId === undefined) {
+        const row = await getTaskRow(pool, caller.clientId, taskId);
+        if (!row) return;
+        const consistent = row.projected_state === row.state;
+        const view = taskView(sealer, row, { includeArtifacts: consistent });
+        const task: Task = consistent ? view : { ...view, status: { state: row.projected_state as Task['status']['state'], timestamp: view.status.timestamp } };
+        cursor = row.last_sequence;
+        if (row.direct_message && row.state === 'TASK_STATE_COMPLETED' && consistent) {
+          const message = openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null);
+          if (message) {
+            const { taskId: _taskId, ...direct } = message;
+            yield { id: cursor, response: { message: direct } };
+            return;
+          }
+        }
+        yield { id: cursor, response: { task } };
+        if (endsStream(task.status.state)) return;
+      }
+      while (!options.signal.aborted) {
+        const woken = new Promise<void>((resolve) => (wake = resolve));
+        const events = await readJournal(pool, sealer, taskId, cursor);
+        for (const event of events) {
+          cursor = event.sequence;
+          yield { id: event.sequence, response: event.response };
+          if (event.kind === 'message' || (event.state !== null && endsStream(event.state))) return;
+        }
+        if (events.length > 0) continue;
+        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, listener.listening ? 15_000 : 500).unref())]);
+      }
+    } finally {
+      options.signal.removeEventListener('abort', onAbort);
+      unsubscribe();
+    }
+  }
+
+  /** SubscribeToTask's checks, before any event is sent (errors are then plain responses). */
+  async checkSubscribable(caller: Caller, id: string): Promise<Result<TaskRow>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    if (isTerminalState(row.state) && isTerminalState(row.projected_state)) {
+      return fail(A2AErrors.unsupportedOperation(`task ${id} is ${row.state}; a terminal task has no more events to subscribe to`, { metadata: { taskId: id, state: row.state } }));
+    }
+    return ok(row);
+  }
+
+  async createPushConfig(caller: Caller, input: PushConfigInput & { taskId: string }): Promise<Result<Record<string, unknown>>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, input.taskId);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(input.taskId));
+    const refused = await this.checkPushTarget(input, 'config');
+    if (refused) return fail(refused);
+    const created = await createPushConfig(this.deps.pool, this.deps.sealer, { ...input, owner: caller.clientId });
+    if (!created.ok) {
+      return fail(invalidParams([{ path: ['id'], message: `a push notification config with id ${input.id} exists for this task; configs are not updated: delete it and create a new one` }]));
+    }
+    return ok(maskedPushConfig(created.row));
+  }
+
+  async getPushConfig(caller: Caller, taskId: string, id: string): Promise<Result<Record<string, unknown>>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    const config = await getPushConfig(this.deps.pool, taskId, id);
+    if (!config) return fail(A2AErrors.invalidParams(`no push notification config ${id} for task ${taskId}`, { fieldViolations: [{ field: 'id', description: 'unknown push notification config' }] }));
+    return ok(maskedPushConfig(config));
+  }
+
+  async listPushConfigs(caller: Caller, taskId: string, pageSize = 100, pageToken?: string): Promise<Result<{ configs: Record<string, unknown>[]; nextPageToken: string }>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    let after: string | undefined;
+    if (pageToken) {
+      try {
+        after = Buffer.from(pageToken, 'base64url').toString('utf8');
+      } catch {
+        return fail(invalidParams([{ path: ['pageToken'], message: 'not a page token returned by this method' }]));
+      }
+    }
+    const rows = await listPushConfigs(this.deps.pool, taskId, pageSize + 1, after);
+    const page = rows.slice(0, pageSize);
+    return ok({
+      configs: page.map(maskedPushConfig),
+      nextPageToken: rows.length > pageSize ? Buffer.from(page[page.length - 1]!.id).toString('base64url') : '',
+    });
+  }
+
+  async deletePushConfig(caller: Caller, taskId: string, id: string): Promise<Result<Record<string, never>>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    await deletePushConfig(this.deps.pool, taskId, id);
+    return ok({});
+  }
+
+  extendedCard(caller: Caller): Result<Record<string, unknown>> {
+    return ok(buildAgentCard(caller.agent.config, this.deps.config, { extended: true }));
+  }
+}
+
+export { isoTime };

@@ -1,0 +1,35 @@
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import type { Sealer } from '../sealing/sealer.js';
+import type { StreamResponse } from '../a2a/wire.js';
+
+// a2a_events: the journal streams, blocking calls and push deliveries read. Payloads are sealed
+// StreamResponses bound to (task, sequence).
+
+export const JOURNAL_CHANNEL = 'keel_journal';
+export const eventContext = (taskId: string, sequence: number) => ({ table: 'a2a_events', column: 'payload', rowId: `${taskId}/${sequence}` });
+
+const eventRow = z.object({ sequence: z.number(), kind: z.string(), state: z.string().nullable(), payload: z.instanceof(Buffer) });
+
+export type JournalEvent = { sequence: number; kind: string; state: string | null; response: StreamResponse };
+
+export async function readJournal(db: CommonQueryMethods, sealer: Sealer, taskId: string, afterSequence: number, limit = 500): Promise<JournalEvent[]> {
+  const rows = await db.any(sql.type(eventRow)`
+    SELECT sequence, kind, state, payload FROM a2a_events
+    WHERE task_id = ${taskId} AND sequence > ${afterSequence} ORDER BY sequence LIMIT ${limit}`);
+  return rows.map((row) => {
+    const opened = sealer.openJson<StreamResponse>(eventContext(taskId, row.sequence), row.payload);
+    if (!opened.ok) throw new Error(`journal event ${taskId}/${row.sequence} cannot be opened (${opened.reason})`);
+    return { sequence: row.sequence, kind: row.kind, state: row.state, response: opened.value };
+  });
+}
+
+/** Whether the journal announced, after `afterSequence`, a state that ends a blocking wait or a stream. */
+export async function journalEndedAfter(db: CommonQueryMethods, taskId: string, afterSequence: number): Promise<boolean> {
+  return db.oneFirst(sql.type(z.object({ ended: z.boolean() }))`
+    SELECT EXISTS (
+      SELECT 1 FROM a2a_events WHERE task_id = ${taskId} AND sequence > ${afterSequence} AND (kind = 'message' OR state IN (
+        'TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED',
+        'TASK_STATE_INPUT_REQUIRED', 'TASK_STATE_AUTH_REQUIRED'))
+    ) AS ended`);
+}

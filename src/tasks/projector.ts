@@ -1,0 +1,182 @@
+import { sql, type DatabasePool } from 'slonik';
+import { z } from 'zod';
+import type { RunStatus } from '../../machines/run.machine.js';
+import type { KeelLogger } from '../log/logger.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { listRunOutputs } from '../runs/run-output-repository.js';
+import { isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
+import { eventContext, JOURNAL_CHANNEL } from './journal.js';
+import { mergeArtifacts } from './merge-artifacts.js';
+import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
+import { taskStateOf } from './task-state.js';
+
+// The projector turns committed run revisions into the journal (a2a_events) and the view's
+// watermark. It never runs a model or a tool, reads only committed state, and is idempotent per
+// revision: everything up to the run's current revision is projected at once under the task-row
+// lock, and the watermark keeps a revision from being projected twice.
+
+const lockedTask = z.object({
+  id: z.string(),
+  context_id: z.string(),
+  revision: z.number(),
+  last_sequence: z.number(),
+  projected_state: z.string(),
+  status_message: z.instanceof(Buffer).nullable(),
+  artifacts: z.instanceof(Buffer).nullable(),
+  direct_message: z.boolean(),
+});
+const runState = z.object({
+  status: z.string(),
+  revision: z.number(),
+  started_at: z.number().nullable(),
+  status_changed_at: z.number(),
+  termination_reason: z.string().nullable(),
+  failure_detail: z.record(z.unknown()).nullable(),
+});
+
+export type ProjectionResult = { taskId: string | null; events: number; revision: number };
+
+type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
+
+export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
+  return pool.transaction(async (transaction) => {
+    const task = await transaction.maybeOne(sql.type(lockedTask)`
+      SELECT id, context_id, revision, last_sequence, projected_state, status_message, artifacts, direct_message
+      FROM a2a_tasks WHERE run_id = ${runId} FOR UPDATE`);
+    if (!task) return { taskId: null, events: 0, revision: 0 };
+    const run = await transaction.one(sql.type(runState)`
+      SELECT status, revision, started_at, status_changed_at, termination_reason, failure_detail FROM runs WHERE id = ${runId}`);
+    if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision };
+
+    const base = { taskId: task.id, contextId: task.context_id };
+    const events: PendingEvent[] = [];
+    const status = (state: TaskState, timestamp: number, message?: Message): PendingEvent => ({
+      kind: 'status',
+      state,
+      response: { statusUpdate: { ...base, status: { state, ...(message ? { message } : {}), timestamp: isoTime(timestamp) } } },
+    });
+    let projected = task.projected_state as TaskState;
+    const state = taskStateOf(run.status as RunStatus, run.failure_detail);
+
+    if (projected === 'TASK_STATE_SUBMITTED' && run.started_at !== null && state !== 'TASK_STATE_SUBMITTED' && state !== 'TASK_STATE_REJECTED') {
+      events.push(status('TASK_STATE_WORKING', run.started_at));
+      projected = 'TASK_STATE_WORKING';
+    }
+    if (projected === 'TASK_STATE_INPUT_REQUIRED' && state !== 'TASK_STATE_INPUT_REQUIRED' && run.status !== 'queued') {
+      events.push(status('TASK_STATE_WORKING', run.status_changed_at));
+      projected = 'TASK_STATE_WORKING';
+    }
+
+    // Artifacts the agent emitted during the run, in the order they were committed.
+    const emitted = (await listRunOutputs(transaction, sealer, runId)).filter(
+      (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > task.revision && output.runRevision <= run.revision,
+    );
+    for (const output of emitted) {
+      const content = output.content as { name?: string; description?: string; parts?: Artifact['parts'] };
+      events.push({
+        kind: 'artifact',
+        state: null,
+        response: {
+          artifactUpdate: {
+            ...base,
+            artifact: { artifactId: output.artifactId ?? `artifact-${output.ordinal}`, ...(content.name ? { name: content.name } : {}), parts: content.parts ?? [] },
+            append: output.append,
+            lastChunk: output.lastChunk,
+          },
+        },
+      });
+    }
+
+    if (state !== projected) {
+      const statusMessage = openSealed<Message | null>(sealer, task.id, 'status_message', task.status_message, null);
+      if (state === 'TASK_STATE_COMPLETED' && task.direct_message && statusMessage) {
+        const { taskId: _taskId, ...message } = statusMessage;
+        events.push({ kind: 'message', state: 'TASK_STATE_COMPLETED', response: { message } });
+      } else if (state === 'TASK_STATE_COMPLETED') {
+        // The result written by the completion transaction: artifacts not already streamed.
+        const streamed = new Set(
+          (await listRunOutputs(transaction, sealer, runId)).filter((output) => output.kind === 'artifact').map((output) => output.artifactId),
+        );
+        const artifacts = openSealed<Artifact[]>(sealer, task.id, 'artifacts', task.artifacts, []);
+        for (const artifact of artifacts.filter((candidate) => !streamed.has(candidate.artifactId))) {
+          events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { ...base, artifact, lastChunk: true } } });
+        }
+        events.push(status(state, run.status_changed_at, statusMessage ?? undefined));
+      } else {
+        const reason = run.termination_reason as keyof typeof FAILURE_MESSAGES | null;
+        const derived: Message | undefined =
+          statusMessage ??
+          (reason
+            ? {
+                messageId: `${task.id}-status-${run.revision}`,
+                role: 'ROLE_AGENT',
+                parts: [{ text: run.failure_detail?.rejected === true ? 'the agent rejected the task' : (FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`) }],
+                taskId: task.id,
+                contextId: task.context_id,
+              }
+            : undefined);
+        events.push(status(state, run.status_changed_at, state === 'TASK_STATE_WORKING' || state === 'TASK_STATE_SUBMITTED' ? undefined : derived));
+        if (reason === 'result_not_retainable') {
+          const last = events[events.length - 1]!.response as Extract<StreamResponse, { statusUpdate: unknown }>;
+          last.statusUpdate.metadata = { reason: 'RESULT_NOT_RETAINABLE' };
+        }
+      }
+    }
+
+    if (events.length > 0) {
+      const rows = events.map((event, index) => {
+        const sequence = task.last_sequence + index + 1;
+        return [task.id, sequence, runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(task.id, sequence), event.response).toString('base64')] as const;
+      });
+      await transaction.query(sql.unsafe`
+        INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+        SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
+        FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
+          AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`);
+      await transaction.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${task.id})`);
+    }
+    await transaction.query(sql.unsafe`
+      UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${task.last_sequence + events.length}, projected_state = ${state}
+      WHERE id = ${task.id}`);
+    await transaction.query(sql.unsafe`UPDATE runs SET projected_revision = greatest(projected_revision, ${run.revision}) WHERE id = ${runId}`);
+    return { taskId: task.id, events: events.length, revision: run.revision };
+  });
+}
+
+/**
+ * In-process projection right after a commit, one at a time per run (the sweeper and the projector
+ * queue repair anything this misses: a crash between commit and projection loses nothing).
+ */
+export class ProjectionScheduler {
+  private readonly running = new Map<string, Promise<void>>();
+  private readonly again = new Set<string>();
+
+  constructor(
+    private readonly pool: DatabasePool,
+    private readonly sealer: Sealer,
+    private readonly logger: KeelLogger,
+  ) {}
+
+  wake(runId: string): void {
+    if (this.running.has(runId)) {
+      this.again.add(runId);
+      return;
+    }
+    const work = (async () => {
+      do {
+        this.again.delete(runId);
+        try {
+          await projectRun(this.pool, this.sealer, runId);
+        } catch (error) {
+          this.logger.warn({ err: error, runId }, 'projection failed; the sweeper will retry it');
+          break;
+        }
+      } while (this.again.has(runId));
+    })().finally(() => this.running.delete(runId));
+    this.running.set(runId, work);
+  }
+
+  async idle(): Promise<void> {
+    while (this.running.size > 0) await Promise.all([...this.running.values()]);
+  }
+}

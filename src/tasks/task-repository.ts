@@ -1,0 +1,223 @@
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import type { TerminationReason } from '../../machines/run.machine.js';
+import { applyLevel } from '../privacy/apply-level.js';
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../a2a/wire.js';
+
+// a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the
+// run's status (a trigger, same transaction); content columns are sealed at the task's answer
+// level; the projector keeps the journal watermark.
+
+export const taskColumnContext = (taskId: string, column: 'status_message' | 'artifacts' | 'history') => ({ table: 'a2a_tasks', column, rowId: taskId });
+
+export const taskRow = z.object({
+  id: z.string(),
+  context_id: z.string(),
+  owner: z.string(),
+  agent: z.string(),
+  run_id: z.string(),
+  state: z.string(),
+  status_timestamp: z.number(),
+  status_message: z.instanceof(Buffer).nullable(),
+  artifacts: z.instanceof(Buffer).nullable(),
+  history: z.instanceof(Buffer).nullable(),
+  answer_level: z.string(),
+  metadata: z.record(z.unknown()),
+  revision: z.number(),
+  last_sequence: z.number(),
+  projected_state: z.string(),
+  direct_message: z.boolean(),
+  created_at: z.number(),
+  // From the run: why it ended, for status messages derived without content.
+  termination_reason: z.string().nullable(),
+  failure_detail: z.record(z.unknown()).nullable(),
+});
+export type TaskRow = z.infer<typeof taskRow>;
+
+const TASK_SELECT = sql.fragment`
+  SELECT t.id, t.context_id, t.owner, t.agent, t.run_id, t.state, t.status_timestamp, t.status_message, t.artifacts,
+    t.history, t.answer_level, t.metadata, t.revision, t.last_sequence, t.projected_state, t.direct_message, t.created_at,
+    r.termination_reason, r.failure_detail
+  FROM a2a_tasks t JOIN runs r ON r.id = t.run_id`;
+
+export async function ensureContext(db: CommonQueryMethods, owner: string, contextId: string): Promise<void> {
+  await db.query(sql.unsafe`
+    INSERT INTO contexts (owner, id) VALUES (${owner}, ${contextId})
+    ON CONFLICT (owner, id) DO UPDATE SET updated_at = now()`);
+}
+
+export type NewTask = {
+  id: string;
+  contextId: string;
+  owner: string;
+  agent: string;
+  answerLevel: PrivacyLevel;
+  history: Message[];
+  metadata: Record<string, unknown>;
+};
+
+/** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
+export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask): Promise<void> {
+  const history = sealHistory(sealer, task.id, task.answerLevel, task.history);
+  await db.query(sql.unsafe`
+    INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata)
+    VALUES (${task.id}, ${task.contextId}, ${task.owner}, ${task.agent}, ${task.id}, 'TASK_STATE_SUBMITTED',
+      ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)})`);
+}
+
+function sealHistory(sealer: Sealer, taskId: string, level: PrivacyLevel, history: Message[]): Buffer | null {
+  const kept = keepAtLevel(level, history);
+  return kept === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'history'), kept);
+}
+
+/** Content kept at the answer level: full as is, redacted masked; nothing at metadata or none (a task never stores summaries in place of messages). */
+function keepAtLevel<T>(level: PrivacyLevel, value: T): T | undefined {
+  if (level === 'full') return value;
+  if (level === 'redacted') return applyLevel('redacted', value) as T;
+  return undefined;
+}
+
+export async function getTaskRow(db: CommonQueryMethods, owner: string, taskId: string): Promise<TaskRow | null> {
+  if (!isUuid(taskId)) return null;
+  return db.maybeOne(sql.type(taskRow)`${TASK_SELECT} WHERE t.id = ${taskId} AND t.owner = ${owner}`);
+}
+
+export async function getTaskRowById(db: CommonQueryMethods, taskId: string): Promise<TaskRow | null> {
+  if (!isUuid(taskId)) return null;
+  return db.maybeOne(sql.type(taskRow)`${TASK_SELECT} WHERE t.id = ${taskId}`);
+}
+
+export const isUuid = (value: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(value);
+
+export function openSealed<T>(sealer: Sealer, taskId: string, column: 'status_message' | 'artifacts' | 'history', value: Buffer | null, fallback: T): T {
+  if (value === null) return fallback;
+  const opened = sealer.openJson<T>(taskColumnContext(taskId, column), value);
+  if (!opened.ok) throw new Error(`task ${taskId} ${column} cannot be opened (${opened.reason})`);
+  return opened.value;
+}
+
+export const FAILURE_MESSAGES: Partial<Record<TerminationReason, string>> = {
+  result_not_retainable: "the result could not be kept under this installation's privacy policy",
+  policy_denied: 'the request was declined by a policy of this agent',
+  approval_denied: 'an operator did not approve the request',
+  provider_failed: 'the model provider failed; the request may be retried',
+  not_retryable: 'the request could not be processed',
+  retries_exhausted: 'the run was interrupted too often and was stopped',
+  cancelled: 'the task was cancelled',
+};
+
+export type TaskViewOptions = { historyLength?: number | undefined; includeArtifacts?: boolean };
+
+/** The wire Task for a row: content opened, status message derived where the run ended without one. */
+export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions = {}): Task {
+  const state = row.state as TaskState;
+  const statusMessage = openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null);
+  let message: Message | undefined = statusMessage ?? undefined;
+  const reason = row.termination_reason as TerminationReason | null;
+  if (!message && reason && state !== 'TASK_STATE_COMPLETED') {
+    const text = row.failure_detail?.rejected === true ? 'the agent rejected the task' : (FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`);
+    message = { messageId: `${row.id}-status`, role: 'ROLE_AGENT', parts: [{ text }], contextId: row.context_id, taskId: row.id };
+  }
+  const metadata = { ...row.metadata, ...(reason === 'result_not_retainable' ? { reason: 'RESULT_NOT_RETAINABLE' } : {}) };
+  const task: Task = {
+    id: row.id,
+    contextId: row.context_id,
+    status: { state, ...(message ? { message } : {}), timestamp: isoTime(row.status_timestamp) },
+  };
+  if (options.includeArtifacts !== false) {
+    const artifacts = openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []);
+    if (artifacts.length > 0) task.artifacts = artifacts;
+  }
+  if (options.historyLength !== 0) {
+    const history = openSealed<Message[]>(sealer, row.id, 'history', row.history, []);
+    const shown = options.historyLength === undefined ? history : history.slice(-options.historyLength);
+    if (shown.length > 0) task.history = shown;
+  }
+  if (Object.keys(metadata).length > 0) task.metadata = metadata;
+  return task;
+}
+
+export async function appendTaskHistory(db: CommonQueryMethods, sealer: Sealer, row: Pick<TaskRow, 'id' | 'history' | 'answer_level'>, messages: Message[]): Promise<void> {
+  const level = row.answer_level as PrivacyLevel;
+  const current = openSealed<Message[]>(sealer, row.id, 'history', row.history, []);
+  const sealed = sealHistory(sealer, row.id, level, [...current, ...messages]);
+  await db.query(sql.unsafe`
+    UPDATE a2a_tasks SET history = ${sealed === null ? null : sql.binary(sealed)}, updated_at = now() WHERE id = ${row.id}`);
+}
+
+export type TaskResult = { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean };
+
+/** Writes the result with the completion (the caller holds the run-row lock and has reread the level). */
+export async function writeTaskResult(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, result: TaskResult): Promise<void> {
+  const artifacts = keepAtLevel(level, result.artifacts);
+  const status = result.statusMessage ? keepAtLevel(level, result.statusMessage) : undefined;
+  const current = await db.maybeOne(sql.type(z.object({ history: z.instanceof(Buffer).nullable() }))`
+    SELECT history FROM a2a_tasks WHERE id = ${taskId} FOR UPDATE`);
+  const history = openSealed<Message[]>(sealer, taskId, 'history', current?.history ?? null, []);
+  const newHistory = result.statusMessage ? sealHistory(sealer, taskId, level, [...history, result.statusMessage]) : null;
+  await db.query(sql.unsafe`
+    UPDATE a2a_tasks SET
+      artifacts = ${artifacts === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts))},
+      status_message = ${status === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), status))},
+      ${newHistory === null ? sql.fragment`` : sql.fragment`history = ${sql.binary(newHistory)},`}
+      direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
+    WHERE id = ${taskId}`);
+}
+
+/** Sets (or clears) the status message shown with an interrupted state, e.g. the INPUT_REQUIRED prompt. */
+export async function writeTaskStatusMessage(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, message: Message | null): Promise<void> {
+  const kept = message ? keepAtLevel(level, message) : undefined;
+  await db.query(sql.unsafe`
+    UPDATE a2a_tasks SET status_message = ${kept === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), kept))}, updated_at = now()
+    WHERE id = ${taskId}`);
+}
+
+/** Removes every stored content of the task (a ceiling tightened to metadata or none mid-run). */
+export async function scrubTaskContent(db: CommonQueryMethods, taskId: string): Promise<void> {
+  await db.query(sql.unsafe`UPDATE a2a_tasks SET artifacts = NULL, status_message = NULL, history = NULL, updated_at = now() WHERE id = ${taskId}`);
+}
+
+export type ListFilter = {
+  owner: string;
+  contextId?: string | undefined;
+  state?: TaskState | undefined;
+  statusAfter?: number | undefined;
+  pageSize: number;
+  after?: { timestamp: number; id: string } | undefined;
+};
+
+/** One page, newest status first; keyset on (status_timestamp, id) so equal timestamps never repeat or skip. */
+export async function listTaskRows(db: CommonQueryMethods, filter: ListFilter): Promise<{ rows: readonly TaskRow[]; total: number }> {
+  const conditions = [sql.fragment`t.owner = ${filter.owner}`];
+  if (filter.contextId !== undefined) conditions.push(sql.fragment`t.context_id = ${filter.contextId}`);
+  if (filter.state !== undefined) conditions.push(sql.fragment`t.state = ${filter.state}`);
+  if (filter.statusAfter !== undefined) conditions.push(sql.fragment`t.status_timestamp >= ${sql.timestamp(new Date(filter.statusAfter))}`);
+  const where = sql.join(conditions, sql.fragment` AND `);
+  const keyset = filter.after
+    ? sql.fragment`AND (t.status_timestamp, t.id) < (${sql.timestamp(new Date(filter.after.timestamp))}, ${filter.after.id})`
+    : sql.fragment``;
+  const [rows, total] = await Promise.all([
+    db.any(sql.type(taskRow)`${TASK_SELECT} WHERE ${where} ${keyset} ORDER BY t.status_timestamp DESC, t.id DESC LIMIT ${filter.pageSize + 1}`),
+    db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_tasks t WHERE ${where}`),
+  ]);
+  return { rows, total };
+}
+
+/** Earlier turns of a context, as model input: the client's messages and the agent's results. */
+export async function contextTranscript(db: CommonQueryMethods, sealer: Sealer, owner: string, contextId: string): Promise<Array<{ role: 'user' | 'assistant'; content: string }>> {
+  const rows = await db.any(sql.type(taskRow)`${TASK_SELECT} WHERE t.owner = ${owner} AND t.context_id = ${contextId} ORDER BY t.created_at, t.id`);
+  const transcript: Array<{ role: 'user' | 'assistant'; content: string }> = [];
+  for (const row of rows) {
+    const history = openSealed<Message[]>(sealer, row.id, 'history', row.history, []);
+    for (const message of history) {
+      const text = message.parts.map((part) => part.text ?? (part.data !== undefined ? JSON.stringify(part.data) : '')).filter(Boolean).join('\n');
+      if (text) transcript.push({ role: message.role === 'ROLE_USER' ? 'user' : 'assistant', content: text });
+    }
+    const artifacts = openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []);
+    const answer = artifacts.flatMap((artifact) => artifact.parts.map((part) => part.text ?? '')).filter(Boolean).join('\n');
+    if (answer) transcript.push({ role: 'assistant', content: answer });
+  }
+  return transcript;
+}

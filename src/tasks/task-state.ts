@@ -1,0 +1,28 @@
+import type { RunStatus } from '../../machines/run.machine.js';
+import type { TaskState } from '../a2a/wire.js';
+
+/** The A2A state of a run's status (DESIGN.md "Task"); the database trigger keel_task_state mirrors it. */
+export function taskStateOf(status: RunStatus, failureDetail: Record<string, unknown> | null): TaskState {
+  switch (status) {
+    case 'queued':
+      return 'TASK_STATE_SUBMITTED';
+    case 'running':
+    case 'waiting_for_approval':
+    case 'waiting_for_dependency':
+      return 'TASK_STATE_WORKING';
+    case 'waiting_for_input':
+      return 'TASK_STATE_INPUT_REQUIRED';
+    case 'completed':
+      return 'TASK_STATE_COMPLETED';
+    case 'failed':
+      return failureDetail?.rejected === true ? 'TASK_STATE_REJECTED' : 'TASK_STATE_FAILED';
+    case 'cancelled':
+      return 'TASK_STATE_CANCELED';
+  }
+}
+
+/** Run statuses that show as a task state (ListTasks filters by state). */
+export function runStatusesFor(state: TaskState): RunStatus[] {
+  const all: RunStatus[] = ['queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency', 'completed', 'failed', 'cancelled'];
+  return all.filter((status) => taskStateOf(status, null) === state || (state === 'TASK_STATE_REJECTED' && status === 'failed'));
+}
