@@ -103,13 +103,16 @@ const taskState = z.union([
   }),
 ]);
 
+// Proto defaults mean "not set": TASK_STATE_UNSPECIFIED (0) filters nothing, "" is no value.
+const unset = (value: unknown) => (value === 'TASK_STATE_UNSPECIFIED' || value === 0 || value === '' || value === null ? undefined : value);
+
 export const listTasksParamsSchema = z.object({
-  contextId: z.string().max(256).optional(),
-  status: taskState.optional(),
+  contextId: z.preprocess(unset, z.string().max(256).optional()),
+  status: z.preprocess(unset, taskState.optional()),
   pageSize: z.number().int().min(1).max(100).optional(),
   pageToken: z.string().max(512).optional(),
   historyLength: z.number().int().min(0).max(10_000).optional(),
-  statusTimestampAfter: z.string().datetime({ offset: true }).optional(),
+  statusTimestampAfter: z.preprocess(unset, z.string().datetime({ offset: true }).optional()),
   includeArtifacts: z.boolean().optional(),
   tenant: z.string().optional(),
 });
