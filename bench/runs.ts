@@ -1,4 +1,4 @@
-import { sql } from 'slonik';
+import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { loadConfig } from '../src/config/load-config.js';
 import { silentLogger } from '../src/log/logger.js';
@@ -55,7 +55,7 @@ async function measure(backend: string, concurrency: number, total: number): Pro
   });
 }
 
-async function waitAllSettled(pool: import('slonik').DatabasePool, expected: number): Promise<void> {
+async function waitAllSettled(pool: DatabasePool, expected: number): Promise<void> {
   for (;;) {
     const done = await pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM runs WHERE status = 'completed'`);
     if (done >= expected) return;

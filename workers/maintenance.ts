@@ -4,11 +4,14 @@ import { z } from 'zod';
 import { projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
+import { purgeExpiredRuns } from '../src/tasks/retention.js';
 
 // The maintenance queue's processor. The sweep is the repair path of the outbox rule: every debt
 // recorded in Postgres whose job is missing gets its job again, so wiping Redis loses no work.
 
 export const SWEEP_JOB = 'sweep';
+export const PURGE_JOB = 'purge';
+const PURGE_EVERY_MS = 24 * 60 * 60 * 1000;
 export const SWEEP_EVERY_MS = 15_000;
 const SWEEP_BATCH = 1000;
 
@@ -112,6 +115,11 @@ export function createMaintenanceProcessor(context: KeelContext) {
         const projections = await sweepProjectionDebts(context);
         return { ...reaped, ...swept, projections };
       }
+      case PURGE_JOB: {
+        const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);
+        if (report.runs > 0) context.logger.info(report, 'retention purge removed expired runs');
+        return report;
+      }
       default:
         context.logger.warn({ name: job.name }, 'unknown maintenance job ignored');
         return null;
@@ -121,4 +129,6 @@ export function createMaintenanceProcessor(context: KeelContext) {
 
 export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, everyMs = SWEEP_EVERY_MS): Promise<void> {
   await context.queues.queue('maintenance').upsertJobScheduler(SWEEP_JOB, { every: everyMs }, { name: SWEEP_JOB, data: {} });
+  // The retention purge, daily.
+  await context.queues.queue('maintenance').upsertJobScheduler(PURGE_JOB, { every: PURGE_EVERY_MS }, { name: PURGE_JOB, data: {} });
 }

@@ -18,7 +18,8 @@ import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import { compareLevels, type PrivacyLevel } from '../src/privacy/privacy-level.js';
 import { answerIsRetainable, tightenCeilings } from '../src/privacy/resolve-ceilings.js';
-import { scrubTaskContent, writeTaskStatusMessage } from '../src/tasks/task-repository.js';
+import { scrubTaskJournal } from '../src/tasks/journal.js';
+import { scrubTaskContent, tightenTaskContent, writeTaskStatusMessage } from '../src/tasks/task-repository.js';
 import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun } from '../src/runs/complete-run.js';
@@ -190,8 +191,13 @@ export function createRunExecutor(
         if (notRetainable) {
           await transaction.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${runId}`);
           await scrubTaskContent(transaction, run!.task_id!);
+          await scrubTaskJournal(transaction, sealer, run!.task_id!, next.answerLevel);
         } else if (compareLevels(next.answerLevel, current.answerLevel) < 0) {
           await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
+          if (run!.task_id) {
+            await scrubTaskJournal(transaction, sealer, run!.task_id, next.answerLevel);
+            await tightenTaskContent(transaction, sealer, run!.task_id, next.answerLevel);
+          }
         }
         await transaction.query(sql.unsafe`
           UPDATE runs SET audit_level = ${next.auditLevel}, answer_level = ${next.answerLevel}, provider = ${link.provider.name},

@@ -208,7 +208,7 @@ export class A2AService {
     }
     const data = message.parts.find((part) => part.data !== undefined)?.data;
     const value = data !== undefined ? data : messageText(message);
-    const provided = await provideRunInput(this.deps, row.run_id, value);
+    const provided = await provideRunInput(this.deps, row.run_id, value, { messageId: message.messageId });
     if (!provided.ok) {
       switch (provided.reason) {
         case 'invalid_input':

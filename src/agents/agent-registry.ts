@@ -39,7 +39,7 @@ export const BUILT_IN_TOOLS: readonly ToolDefinition[] = [httpGetTool];
 export type RegistryDeps = {
   fetch: GuardedFetch;
   env?: NodeJS.ProcessEnv;
-  /** Providers built elsewhere (the conformance provider) by name; they take precedence. */
+  /** Providers built elsewhere (tests) by name; they take precedence. */
   extraProviders?: Map<string, Provider>;
   extraTools?: readonly ToolDefinition[];
 };

@@ -4,6 +4,7 @@ import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
 import { registerKeysCommands } from './keys-commands.js';
 import { registerMigrateCommand } from './migrate-command.js';
+import { registerRetentionCommands } from './retention-commands.js';
 import { registerRunsCommands } from './runs-commands.js';
 import { registerStartCommand } from './start-command.js';
 
@@ -18,6 +19,7 @@ export function buildProgram(): Command {
   registerMigrateCommand(program, globals);
   registerDoctorCommand(program, globals);
   registerRunsCommands(program, globals);
+  registerRetentionCommands(program, globals);
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
   program.commands.forEach((command) => command.exitOverride());

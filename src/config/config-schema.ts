@@ -131,7 +131,14 @@ const providerSchema = z.discriminatedUnion('type', [
       privacy: privacyCeilings.optional(),
     })
     .strict(),
-  z.object({ type: z.literal('conformance'), privacy: privacyCeilings.optional() }).strict(),
+  z
+    .object({
+      type: z.literal('conformance'),
+      /** The conformance kit's streaming timeout; the long-running scenario waits twice this long. */
+      streamTimeoutSeconds: z.number().positive().max(300).default(5),
+      privacy: privacyCeilings.optional(),
+    })
+    .strict(),
 ]);
 
 const skillSchema = z

@@ -1,3 +1,4 @@
+import { createConformanceProvider } from '../a2a/conformance-provider.js';
 import type { ProviderConfig } from '../config/config-schema.js';
 import type { GuardedFetch } from '../net/guarded-fetch.js';
 import { createEchoProvider } from './echo-provider.js';
@@ -27,7 +28,7 @@ export function createProvider(name: string, config: ProviderConfig, deps: Provi
         deps.env === undefined ? { fetch: deps.fetch } : { fetch: deps.fetch, env: deps.env },
       );
     case 'conformance':
-      throw new Error('conformance provider is built by the a2a module');
+      return createConformanceProvider(name, { streamTimeoutMs: config.streamTimeoutSeconds * 1000 });
   }
 }
 

@@ -42,11 +42,11 @@ export type DecideResult =
 
 type ResumeDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues };
 
-async function handOff(deps: ResumeDeps, view: SuspendedView, status: SuspendStatus, resume: ResumeInput): Promise<RunRow | null> {
+async function handOff(deps: ResumeDeps, view: SuspendedView, status: SuspendStatus, resume: ResumeInput, requestMetadata?: Record<string, unknown>): Promise<RunRow | null> {
   const handoff = { workerId: `${HANDOFF_PREFIX}${randomBytes(8).toString('hex')}`, leaseMs: HANDOFF_LEASE_MS };
   const claimed = await claimForResume(deps.pool, view.run.id, status, handoff, view.run.revision, {
     sealer: deps.sealer,
-    state: { ...view.state, resume },
+    state: { ...view.state, resume, ...(requestMetadata ? { requestMetadata: { ...view.state.requestMetadata, ...requestMetadata } } : {}) },
   });
   if (claimed) await enqueueRun(deps.queues, view.run.id);
   return claimed;
@@ -74,14 +74,18 @@ export type ProvideInputResult =
 
 const ajv = new Ajv({ allErrors: true, strict: false });
 
-/** Typed input for a run waiting for it; input that does not match the tool's schema leaves it waiting. */
-export async function provideRunInput(deps: ResumeDeps, runId: string, value: unknown): Promise<ProvideInputResult> {
+/**
+ * Typed input for a run waiting for it; input that does not match the tool's schema leaves it
+ * waiting. `requestMetadata` (the A2A messageId of the follow-up) replaces the matching keys of what
+ * the providers are given from then on.
+ */
+export async function provideRunInput(deps: ResumeDeps, runId: string, value: unknown, requestMetadata?: Record<string, unknown>): Promise<ProvideInputResult> {
   const read = await readSuspendedRun(deps.pool, deps.sealer, runId, 'waiting_for_input');
   if (!read.ok) return read;
   const pending = read.view.state.pendingInput;
   if (!pending) return { ok: false, reason: 'unreadable', detail: 'no pending input request stored' };
   const validate = ajv.compile(pending.schema);
   if (!validate(value)) return { ok: false, reason: 'invalid_input', errors: ajv.errorsText(validate.errors) };
-  const claimed = await handOff(deps, read.view, 'waiting_for_input', { kind: 'input', value });
+  const claimed = await handOff(deps, read.view, 'waiting_for_input', { kind: 'input', value }, requestMetadata);
   return claimed ? { ok: true, run: claimed } : { ok: false, reason: 'already_decided' };
 }

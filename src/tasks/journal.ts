@@ -1,5 +1,7 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import { redactValue } from '../privacy/redact.js';
 import type { Sealer } from '../sealing/sealer.js';
 import type { StreamResponse } from '../a2a/wire.js';
 
@@ -32,4 +34,29 @@ export async function journalEndedAfter(db: CommonQueryMethods, taskId: string, 
         'TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED',
         'TASK_STATE_INPUT_REQUIRED', 'TASK_STATE_AUTH_REQUIRED'))
     ) AS ended`);
+}
+
+/**
+ * A tightened answer ceiling reaches the journal too: artifact events already written are
+ * rewritten at the new level, or removed when no content may be kept at all. (Deliveries already
+ * made cannot be recalled; rows can.)
+ */
+export async function scrubTaskJournal(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel): Promise<number> {
+  if (level === 'full') return 0;
+  if (level === 'none' || level === 'metadata') {
+    return db.oneFirst(sql.type(z.object({ n: z.number() }))`
+      WITH gone AS (DELETE FROM a2a_events WHERE task_id = ${taskId} AND kind IN ('artifact', 'message') RETURNING 1)
+      SELECT count(*)::int AS n FROM gone`);
+  }
+  const rows = await db.any(sql.type(eventRow)`
+    SELECT sequence, kind, state, payload FROM a2a_events WHERE task_id = ${taskId} AND kind IN ('artifact', 'message') FOR UPDATE`);
+  for (const row of rows) {
+    const opened = sealer.openJson<StreamResponse>(eventContext(taskId, row.sequence), row.payload);
+    if (!opened.ok) continue;
+    const scrubbed = redactValue(opened.value) as StreamResponse;
+    await db.query(sql.unsafe`
+      UPDATE a2a_events SET payload = ${sql.binary(sealer.sealJson(eventContext(taskId, row.sequence), scrubbed))}
+      WHERE task_id = ${taskId} AND sequence = ${row.sequence}`);
+  }
+  return rows.length;
 }

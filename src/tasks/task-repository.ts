@@ -221,3 +221,18 @@ export async function contextTranscript(db: CommonQueryMethods, sealer: Sealer, 
   }
   return transcript;
 }
+
+/** The task's stored content rewritten down to `level` (history and status message; artifacts are written at completion). */
+export async function tightenTaskContent(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel): Promise<void> {
+  const row = await db.maybeOne(sql.type(z.object({ history: z.instanceof(Buffer).nullable(), status_message: z.instanceof(Buffer).nullable() }))`
+    SELECT history, status_message FROM a2a_tasks WHERE id = ${taskId} FOR UPDATE`);
+  if (!row) return;
+  const history = keepAtLevel(level, openSealed<Message[]>(sealer, taskId, 'history', row.history, []));
+  const status = keepAtLevel(level, openSealed<Message | null>(sealer, taskId, 'status_message', row.status_message, null));
+  await db.query(sql.unsafe`
+    UPDATE a2a_tasks SET
+      history = ${history === undefined || history.length === 0 ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'history'), history))},
+      status_message = ${status === undefined || status === null ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), status))},
+      answer_level = ${level}, updated_at = now()
+    WHERE id = ${taskId}`);
+}

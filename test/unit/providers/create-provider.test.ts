@@ -36,10 +36,18 @@ describe('createProvider', () => {
     expect(outcome).toMatchObject({ ok: false, failure: { class: 'configuration' } });
   });
 
-  it('refuses the conformance type for now', () => {
-    expect(() => createProvider('c', { type: 'conformance' }, { fetch: noFetch })).toThrow(
-      'conformance provider is built by the a2a module',
-    );
+  it('builds the conformance provider, which answers by messageId prefix', async () => {
+    const provider = createProvider('c', { type: 'conformance', streamTimeoutSeconds: 5 }, { fetch: noFetch });
+    expect(provider).toMatchObject({ name: 'c', type: 'conformance' });
+    const outcome = await provider.call({
+      runId: 'r',
+      iteration: 0,
+      transcript: [],
+      tools: [],
+      signal: new AbortController().signal,
+      requestMetadata: { messageId: 'tck-complete-task-1' },
+    });
+    expect(outcome).toMatchObject({ ok: true, reply: { outcome: { kind: 'status_message', text: 'Hello from TCK' } } });
   });
 });
 
