@@ -6,7 +6,6 @@ import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
 import { isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
 import { eventContext, JOURNAL_CHANNEL } from './journal.js';
-import { mergeArtifacts } from './merge-artifacts.js';
 import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';
 
@@ -39,6 +38,17 @@ export type ProjectionResult = { taskId: string | null; events: number; revision
 type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
 
 export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
+  const result = await projectInTransaction(pool, sealer, runId);
+  // The run's watermark is moved after the commit: the projector locks only the task row, never the
+  // run row, so it cannot deadlock with a transition (which locks the run, then the task through the
+  // trigger). A lost update here is harmless: projection is idempotent on the task's watermark.
+  if (result.revision > 0) {
+    await pool.query(sql.unsafe`UPDATE runs SET projected_revision = greatest(projected_revision, ${result.revision}) WHERE id = ${runId} AND projected_revision < ${result.revision}`);
+  }
+  return result;
+}
+
+async function projectInTransaction(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
   return pool.transaction(async (transaction) => {
     const task = await transaction.maybeOne(sql.type(lockedTask)`
       SELECT id, context_id, revision, last_sequence, projected_state, status_message, artifacts, direct_message
@@ -47,6 +57,7 @@ export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: stri
     const run = await transaction.one(sql.type(runState)`
       SELECT status, revision, started_at, status_changed_at, termination_reason, failure_detail FROM runs WHERE id = ${runId}`);
     if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision };
+
 
     const base = { taskId: task.id, contextId: task.context_id };
     const events: PendingEvent[] = [];
@@ -138,7 +149,6 @@ export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: stri
     await transaction.query(sql.unsafe`
       UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${task.last_sequence + events.length}, projected_state = ${state}
       WHERE id = ${task.id}`);
-    await transaction.query(sql.unsafe`UPDATE runs SET projected_revision = greatest(projected_revision, ${run.revision}) WHERE id = ${runId}`);
     return { taskId: task.id, events: events.length, revision: run.revision };
   });
 }

@@ -190,14 +190,17 @@ export function expectA2AResult(binding: Binding, response: WireResponse): Json 
   return response.body;
 }
 
-export type RowCounts = { runs: number; a2a_tasks: number; contexts: number; a2a_events: number; push_configs: number };
+export type RowCounts = { runs: number; a2a_tasks: number; contexts: number; push_configs: number };
 
+/**
+ * The rows a request writes. (The journal, a2a_events, is left out: the projector appends to it
+ * in the background for runs still going, so its count moves without any request.)
+ */
 export async function rowCounts(pool: DatabasePool): Promise<RowCounts> {
-  return pool.one(sql.type(z.object({ runs: z.number(), a2a_tasks: z.number(), contexts: z.number(), a2a_events: z.number(), push_configs: z.number() }))`
+  return pool.one(sql.type(z.object({ runs: z.number(), a2a_tasks: z.number(), contexts: z.number(), push_configs: z.number() }))`
     SELECT (SELECT count(*)::int FROM runs) AS runs,
       (SELECT count(*)::int FROM a2a_tasks) AS a2a_tasks,
       (SELECT count(*)::int FROM contexts) AS contexts,
-      (SELECT count(*)::int FROM a2a_events) AS a2a_events,
       (SELECT count(*)::int FROM push_configs) AS push_configs`);
 }
 
