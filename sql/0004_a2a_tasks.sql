@@ -13,9 +13,6 @@ CREATE TABLE contexts (
 -- A run that belongs to an A2A task knows it, so the executor can apply the A2A rules (a result
 -- that cannot be retained fails the task) and the projector knows what to project.
 ALTER TABLE runs ADD COLUMN task_id uuid;
--- The newest run revision turned into journal events; a higher `revision` is a projection debt.
-ALTER TABLE runs ADD COLUMN projected_revision bigint NOT NULL DEFAULT 0;
-CREATE INDEX runs_projection_debt_idx ON runs (id) WHERE task_id IS NOT NULL AND revision > projected_revision;
 -- When the run's status last changed (the A2A status timestamp).
 ALTER TABLE runs ADD COLUMN status_changed_at timestamptz NOT NULL DEFAULT now();
 
@@ -52,6 +49,11 @@ CREATE UNIQUE INDEX a2a_tasks_run_idx ON a2a_tasks (run_id);
 CREATE INDEX a2a_tasks_owner_list_idx ON a2a_tasks (owner, status_timestamp DESC, id DESC);
 CREATE INDEX a2a_tasks_context_list_idx ON a2a_tasks (owner, context_id, status_timestamp DESC, id DESC);
 CREATE INDEX a2a_tasks_created_idx ON a2a_tasks (created_at);
+-- Projection debt lives only on tasks whose journal has not announced a final state yet: a run
+-- revision above the task's `revision` is owed to the journal. This index keeps the sweeper's
+-- search proportional to open tasks.
+CREATE INDEX a2a_tasks_open_projection_idx ON a2a_tasks (run_id)
+  WHERE projected_state NOT IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED');
 
 -- The journal: every event a client may see, in order per task. Written only by the projector,
 -- idempotently per run revision.

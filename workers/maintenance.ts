@@ -51,9 +51,10 @@ const debtRow = z.object({ id: z.string(), revision: z.number() });
  */
 export async function sweepProjectionDebts(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>): Promise<number> {
   const debts = await context.pool.any(sql.type(debtRow)`
-    SELECT id, revision FROM runs
-    WHERE task_id IS NOT NULL AND revision > projected_revision AND updated_at < now() - interval '2 seconds'
-    ORDER BY updated_at LIMIT ${SWEEP_BATCH}`);
+    SELECT r.id, r.revision FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
+    WHERE t.projected_state NOT IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED')
+      AND r.revision > t.revision AND r.updated_at < now() - interval '2 seconds'
+    ORDER BY r.updated_at LIMIT ${SWEEP_BATCH}`);
   let restored = 0;
   for (const debt of debts) {
     if ((await context.queues.ensureJob('projector', projectionJobId(debt.id, debt.revision), { runId: debt.id })) === 'added') restored += 1;

@@ -161,7 +161,9 @@ export function createRunExecutor(
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
 
-    const audit = await AuditTrail.open(pool, runId, run.audit_level, runLog);
+    // A run claimed for the first time has no audit rows yet: no need to ask for the last sequence.
+    const fresh = run.suspended_state === null && run.requeue_count === 0 && run.revision === 2;
+    const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
     audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
     const resume = rebuilt.state.resume;
     if (resume?.kind === 'approval') {
@@ -233,7 +235,7 @@ export function createRunExecutor(
     }
 
     const checkpoint = async (): Promise<CheckpointResult> => {
-      const ok = await audit.flush(pool).then(() => lease.checkpoint());
+      const ok = await audit.flushIfDue(pool).then(() => lease.checkpoint());
       return ok === null ? { alive: true } : { alive: false, why: ok };
     };
 
@@ -412,8 +414,8 @@ export function createRunExecutor(
           return { kind: 'stopped', why: result.why };
         case 'complete': {
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
-          await audit.flush(pool);
           const settled = await completeRun(pool, sealer, logger, {
+            beforeSettle: (transaction) => audit.flushWithin(transaction),
             runId,
             workerId,
             reason: result.reason,

@@ -35,7 +35,8 @@ export type A2ARouteDeps = {
 };
 
 const A2A_JSON = 'application/a2a+json';
-const SUPPORTED_VERSION = /^1(\.0)?(\.\d+)?$/;
+// Major.Minor 1.0 (a patch number is ignored, specification 3.6); 1.1 or 2.0 is not this version.
+const SUPPORTED_VERSION = /^1(\.0(\.\d+)?)?$/;
 const JSON_TYPES = new Set(['application/json', A2A_JSON]);
 
 type Gate = { ok: true; caller: Caller; activated: string[] } | { ok: false; error: A2AError };
@@ -54,6 +55,20 @@ function requestedVersion(request: FastifyRequest): string | undefined {
 }
 
 const mediaType = (request: FastifyRequest) => (headerValue(request, 'content-type') ?? '').split(';')[0]!.trim().toLowerCase();
+
+/**
+ * The id of a JSON-RPC request body, for errors found before the envelope is checked (version,
+ * extensions, authentication): JSON-RPC 2.0 answers with the request's id whenever it can be read.
+ */
+function envelopeId(body: unknown): string | number | null {
+  try {
+    const parsed = JSON.parse(String(body ?? '')) as unknown;
+    const id = typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) ? (parsed as Record<string, unknown>).id : undefined;
+    return typeof id === 'string' || typeof id === 'number' ? id : null;
+  } catch {
+    return null;
+  }
+}
 
 /** A parse of zod params into the service's input, or an invalid-params error naming each field. */
 function parse<S extends z.ZodTypeAny>(schema: S, value: unknown): Result<z.output<S>> {
@@ -154,9 +169,11 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
     }
   }
 
-  app.post<{ Params: { agent: string } }>('/a2a/:agent', async (request, reply) => {
+  // The interface URL exactly, and with a trailing slash (clients that join "/" onto the URL, as
+  // the conformance kit's httpx client does); no HTTP+JSON operation lives at POST /a2a/<agent>/.
+  const rpcHandler = async (request: FastifyRequest<{ Params: { agent: string } }>, reply: FastifyReply) => {
     const guard = await gate(request, request.params.agent);
-    if (!guard.ok) return rpcError(reply, null, guard.error);
+    if (!guard.ok) return rpcError(reply, envelopeId(request.body), guard.error);
     if (guard.activated.length) reply.header('a2a-extensions', guard.activated.join(', '));
     const type = mediaType(request);
     if (!JSON_TYPES.has(type)) return rpcError(reply, null, A2AErrors.invalidRequest(`content type ${type || '(none)'} is not JSON; send application/json`));
@@ -221,7 +238,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         return streamToSse(
           request,
           reply,
-          (signal) => service.stream(caller, input.value.id, { signal, withSnapshot: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
+          (signal) => service.stream(caller, input.value.id, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
           (item) => ({ jsonrpc: '2.0', id, result: item.response }),
           guard.activated,
         );
@@ -249,7 +266,9 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
       default:
         return rpcError(reply, id, A2AErrors.methodNotFound(`method ${method} does not exist (A2A 1.0 names, e.g. SendMessage)`));
     }
-  });
+  };
+  app.post<{ Params: { agent: string } }>('/a2a/:agent', rpcHandler);
+  app.post<{ Params: { agent: string } }>('/a2a/:agent/', rpcHandler);
 
   // ---- HTTP+JSON ----
 
@@ -277,7 +296,8 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
   function jsonBody(request: FastifyRequest): Result<unknown> {
     const type = mediaType(request);
     if (!JSON_TYPES.has(type)) {
-      return { ok: false, error: A2AErrors.contentTypeNotSupported(`content type ${type || '(none)'} is not supported; send ${A2A_JSON} or application/json`) };
+      // The request's own media type: HTTP's 415 (a part's media type is the 400 of specification 5.4).
+      return { ok: false, error: A2AErrors.contentTypeNotSupported(`content type ${type || '(none)'} is not supported; send ${A2A_JSON} or application/json`, { httpStatus: 415 }) };
     }
     try {
       return { ok: true, value: JSON.parse(String(request.body ?? '')) };
@@ -339,7 +359,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         return streamToSse(
           request,
           reply,
-          (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
+          (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
           (item) => item.response,
           guard.activated,
         );

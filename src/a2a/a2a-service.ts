@@ -11,8 +11,8 @@ import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun, createRun } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig } from '../push/push-config-repository.js';
-import { journalEndedAfter, readJournal } from '../tasks/journal.js';
-import type { JournalListener } from '../tasks/journal-listener.js';
+import { readJournal } from '../tasks/journal.js';
+import { JournalWait, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/projector.js';
 import {
   appendTaskHistory,
@@ -28,7 +28,7 @@ import {
   type TaskRow,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
-import { buildAgentCard } from './agent-card.js';
+import { acceptsMediaType, buildAgentCard, INPUT_MODES } from './agent-card.js';
 import {
   endsStream,
   isoTime,
@@ -116,11 +116,18 @@ export class A2AService {
   }
 
   async sendMessage(caller: Caller, params: SendMessageParams): Promise<Result<SendResult>> {
-    const started = await this.acceptMessage(caller, params);
-    if (!started.ok) return started;
-    const { taskId, afterSequence } = started.value;
-    if (!params.configuration?.returnImmediately) await this.waitForJournalEnd(taskId, afterSequence, this.blockingCapMs);
-    return this.sendResult(caller, taskId, params.configuration?.historyLength);
+    const blocking = !params.configuration?.returnImmediately;
+    let wait: JournalWait | null = null;
+    try {
+      // The wait subscribes before the work is enqueued, so no notice can be missed.
+      const started = await this.acceptMessage(caller, params, blocking ? (taskId) => (wait = new JournalWait(this.deps.listener, taskId)) : undefined);
+      if (!started.ok) return started;
+      const { taskId, afterSequence } = started.value;
+      if (wait) await (wait as JournalWait).until(this.deps.pool, afterSequence, this.blockingCapMs);
+      return await this.sendResult(caller, taskId, params.configuration?.historyLength);
+    } finally {
+      (wait as JournalWait | null)?.close();
+    }
   }
 
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
@@ -141,17 +148,29 @@ export class A2AService {
    * config, all in one transaction; the run's job after the commit), or input to a task that is
    * waiting for it. Returns the task and the journal position to wait from.
    */
-  async acceptMessage(caller: Caller, params: SendMessageParams): Promise<Result<{ taskId: string; afterSequence: number }>> {
+  async acceptMessage(
+    caller: Caller,
+    params: SendMessageParams,
+    beforeWork?: (taskId: string) => void,
+  ): Promise<Result<{ taskId: string; afterSequence: number }>> {
     const { message } = params;
     if (message.role !== 'ROLE_USER') {
       return fail(invalidParams([{ path: ['message', 'role'], message: 'a client sends messages with role ROLE_USER' }]));
+    }
+    const unsupported = message.parts.find((part) => part.mediaType !== undefined && part.mediaType !== '' && !acceptsMediaType(INPUT_MODES, part.mediaType));
+    if (unsupported) {
+      return fail(
+        A2AErrors.contentTypeNotSupported(`media type ${unsupported.mediaType} is not accepted by agent ${caller.agent.config.id}; it accepts ${INPUT_MODES.join(', ')}`, {
+          metadata: { mediaType: unsupported.mediaType!, accepted: INPUT_MODES.join(',') },
+        }),
+      );
     }
     const pushInput = params.configuration?.taskPushNotificationConfig;
     if (pushInput) {
       const refused = await this.checkPushTarget(pushInput, 'configuration.taskPushNotificationConfig');
       if (refused) return fail(refused);
     }
-    if (message.taskId !== undefined) return this.continueTask(caller, message, pushInput);
+    if (message.taskId !== undefined) return this.continueTask(caller, message, pushInput, beforeWork);
 
     const primary = caller.agent.chain[0]!;
     if (!answerIsRetainable(primary.ceilings.answerLevel)) {
@@ -189,11 +208,17 @@ export class A2AService {
       });
       if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
     });
+    beforeWork?.(taskId);
     await enqueueRun(this.deps.queues, taskId);
     return ok({ taskId, afterSequence: 0 });
   }
 
-  private async continueTask(caller: Caller, message: WireMessage, pushInput: PushConfigInput | undefined): Promise<Result<{ taskId: string; afterSequence: number }>> {
+  private async continueTask(
+    caller: Caller,
+    message: WireMessage,
+    pushInput: PushConfigInput | undefined,
+    beforeWork?: (taskId: string) => void,
+  ): Promise<Result<{ taskId: string; afterSequence: number }>> {
     const taskId = message.taskId!;
     const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
     if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
@@ -208,6 +233,7 @@ export class A2AService {
     }
     const data = message.parts.find((part) => part.data !== undefined)?.data;
     const value = data !== undefined ? data : messageText(message);
+    beforeWork?.(taskId);
     const provided = await provideRunInput(this.deps, row.run_id, value, { messageId: message.messageId });
     if (!provided.ok) {
       switch (provided.reason) {
@@ -230,26 +256,6 @@ export class A2AService {
     });
     this.deps.projector.wake(row.run_id);
     return ok({ taskId, afterSequence: row.last_sequence });
-  }
-
-  /** Waits on the journal (never on the executor) until it announces an end of the wait, or the cap. */
-  async waitForJournalEnd(taskId: string, afterSequence: number, capMs: number): Promise<boolean> {
-    const deadline = Date.now() + capMs;
-    let wake: () => void = () => undefined;
-    const unsubscribe = this.deps.listener.subscribe(taskId, () => wake());
-    try {
-      for (;;) {
-        const woken = new Promise<void>((resolve) => (wake = resolve));
-        if (await journalEndedAfter(this.deps.pool, taskId, afterSequence)) return true;
-        const remaining = deadline - Date.now();
-        if (remaining <= 0) return false;
-        // A listener that lost its connection is reconnecting; poll slowly meanwhile.
-        const fallback = this.deps.listener.listening ? remaining : Math.min(remaining, 500);
-        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, fallback).unref())]);
-      }
-    } finally {
-      unsubscribe();
-    }
   }
 
   async getTask(caller: Caller, id: string, historyLength?: number): Promise<Result<Task>> {
@@ -296,8 +302,15 @@ export class A2AService {
   /**
    * A stream from the journal only: the Task first (unless resuming after `lastEventId`), then the
    * journal's events in order; it ends after an event that ends a stream (terminal or interrupted).
+   * A subscription (`subscription: true`) to a task that is interrupted right now stays open: the
+   * stream closes when the task next *reaches* a terminal or interrupted state (specification
+   * 3.1.6: SubscribeToTask "can be used with any task that is not in a terminal state").
    */
-  async *stream(caller: Caller, taskId: string, options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean }): AsyncGenerator<StreamItem> {
+  async *stream(
+    caller: Caller,
+    taskId: string,
+    options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean; subscription?: boolean },
+  ): AsyncGenerator<StreamItem> {
     const { pool, sealer, listener } = this.deps;
     let wake: () => void = () => undefined;
     const unsubscribe = listener.subscribe(taskId, () => wake());
@@ -321,7 +334,7 @@ export class A2AService {
           }
         }
         yield { id: cursor, response: { task } };
-        if (endsStream(task.status.state)) return;
+        if (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription)) return;
       }
       while (!options.signal.aborted) {
         const woken = new Promise<void>((resolve) => (wake = resolve));

@@ -6,6 +6,19 @@ import type { KeelConfig } from '../config/load-config.js';
 
 export const PROTOCOL_VERSION = '1.0';
 
+/** The media types every Keel agent accepts in message parts (the card's defaultInputModes). */
+export const INPUT_MODES: readonly string[] = ['text/plain', 'application/json'];
+
+/** Whether a part's media type is one of `modes` (parameters ignored; `type/*` and `*\/*` match). */
+export function acceptsMediaType(modes: readonly string[], mediaType: string): boolean {
+  const essence = mediaType.split(';')[0]!.trim().toLowerCase();
+  const [type] = essence.split('/');
+  return modes.some((mode) => {
+    const wanted = mode.split(';')[0]!.trim().toLowerCase();
+    return wanted === essence || wanted === '*/*' || (wanted.endsWith('/*') && wanted.slice(0, -2) === type);
+  });
+}
+
 export function agentBaseUrl(config: KeelConfig, agentId: string): string {
   return `${config.server.publicUrl}/a2a/${agentId}`;
 }
@@ -36,7 +49,7 @@ export function buildAgentCard(agent: AgentConfig, config: KeelConfig, options: 
           securityRequirements: [{ schemes: { bearer: { list: [] } } }],
         }
       : {}),
-    defaultInputModes: ['text/plain', 'application/json'],
+    defaultInputModes: [...INPUT_MODES],
     defaultOutputModes: ['text/plain', 'application/json'],
     skills: agent.skills.map((skill) => ({
       id: skill.id,

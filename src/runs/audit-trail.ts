@@ -34,8 +34,9 @@ export function auditPayload(level: PrivacyLevel, event: AuditEvent): Record<str
  * event was stored: a write tool whose audit event cannot be stored does not run.
  */
 export class AuditTrail {
-  private readonly pending: Array<{ sequence: number; kind: string; payload: Record<string, unknown> }> = [];
+  private readonly pending: Array<{ sequence: number; kind: string; payload: Record<string, unknown>; at: number }> = [];
   private nextSequence: number;
+  private oldestPendingAt = 0;
 
   constructor(
     private readonly runId: string,
@@ -60,26 +61,55 @@ export class AuditTrail {
   record(event: AuditEvent): void {
     const payload = auditPayload(this.level, event);
     if (payload === null) return;
-    this.pending.push({ sequence: this.nextSequence, kind: event.kind, payload });
+    if (this.pending.length === 0) this.oldestPendingAt = Date.now();
+    this.pending.push({ sequence: this.nextSequence, kind: event.kind, payload, at: Date.now() });
     this.nextSequence += 1;
+  }
+
+  /** Flushes at a step boundary only when enough is buffered or it has waited long enough: a fast run writes its trail once, with its settle. */
+  async flushIfDue(db: CommonQueryMethods, maxAgeMs = 1000, maxEvents = 50): Promise<boolean> {
+    if (this.pending.length === 0) return true;
+    if (this.pending.length < maxEvents && Date.now() - this.oldestPendingAt < maxAgeMs) return true;
+    return this.flush(db);
   }
 
   /** Writes what is buffered; never throws. */
   async flush(db: CommonQueryMethods): Promise<boolean> {
-    if (this.pending.length === 0) return true;
-    const batch = this.pending.splice(0, this.pending.length);
     try {
-      await db.query(sql.unsafe`
-        INSERT INTO run_events (run_id, sequence, kind, payload)
-        SELECT ${this.runId}::uuid, sequence, kind, payload
-        FROM ${sql.unnest(batch.map((event) => [event.sequence, event.kind, JSON.stringify(event.payload)]), ['int4', 'text', 'jsonb'])}
-          AS t(sequence, kind, payload)
-        ON CONFLICT (run_id, sequence) DO NOTHING`);
+      await this.flushStrict(db);
       return true;
     } catch (error) {
-      this.logger.warn({ err: error, runId: this.runId, events: batch.length }, 'audit events could not be stored');
+      this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
       return false;
     }
+  }
+
+  /**
+   * Writes what is buffered inside a caller's transaction, in a savepoint of its own, so a failed
+   * audit insert never aborts the transaction it rides in (recording stays fail-soft).
+   */
+  async flushWithin(transaction: CommonQueryMethods): Promise<boolean> {
+    if (this.pending.length === 0) return true;
+    return transaction.transaction((nested) => this.flushStrict(nested)).then(
+      () => true,
+      (error: unknown) => {
+        this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
+        return false;
+      },
+    );
+  }
+
+  private async flushStrict(db: CommonQueryMethods): Promise<void> {
+    if (this.pending.length === 0) return;
+    const batch = this.pending.splice(0, this.pending.length);
+    await db.query(sql.unsafe`
+      INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
+      SELECT ${this.runId}::uuid, sequence, kind, payload, to_timestamp(at / 1000.0)
+      FROM ${sql.unnest(
+        batch.map((event) => [event.sequence, event.kind, JSON.stringify(event.payload), event.at]),
+        ['int4', 'text', 'jsonb', 'float8'],
+      )} AS t(sequence, kind, payload, at)
+      ON CONFLICT (run_id, sequence) DO NOTHING`);
   }
 
   /** Records and stores at once; false means the event is not in the trail. */

@@ -1,4 +1,4 @@
-import { sql, type DatabasePool } from 'slonik';
+import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { TerminationReason } from '../../machines/run.machine.js';
@@ -19,6 +19,8 @@ export type CompletionInput = {
   answer: string | null;
   presentation?: AnswerPresentation;
   totals: RunTotals;
+  /** Runs inside the completion transaction first (the audit trail's last events). */
+  beforeSettle?: (transaction: CommonQueryMethods) => Promise<unknown>;
 };
 
 const lockedRun = z.object({
@@ -46,6 +48,7 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
     const settle = () =>
       settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
     if (!run || run.status !== 'running' || run.claimed_by !== input.workerId) return settle();
+    await input.beforeSettle?.(transaction);
     const level = run.answer_level as PrivacyLevel;
 
     if (run.task_id === null) {

@@ -28,7 +28,6 @@ export const runRow = z.object({
   failure_detail: z.record(z.unknown()).nullable(),
   provider: z.string().nullable(),
   task_id: z.string().nullable(),
-  projected_revision: z.number(),
   status_changed_at: z.number(),
   created_at: z.number(),
   updated_at: z.number(),

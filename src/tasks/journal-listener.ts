@@ -1,6 +1,7 @@
 import pg from 'pg';
 import type { KeelLogger } from '../log/logger.js';
-import { JOURNAL_CHANNEL } from './journal.js';
+import type { CommonQueryMethods } from 'slonik';
+import { JOURNAL_CHANNEL, journalEndedAfter, parseJournalNotice, type JournalNotice } from './journal.js';
 
 /**
  * One LISTEN connection per process: the projector NOTIFYs the task id after each journal commit,
@@ -9,7 +10,7 @@ import { JOURNAL_CHANNEL } from './journal.js';
  */
 export class JournalListener {
   private client: pg.Client | null = null;
-  private readonly waiters = new Map<string, Set<() => void>>();
+  private readonly waiters = new Map<string, Set<(notice: JournalNotice | null) => void>>();
   private closed = false;
   private reconnectTimer: NodeJS.Timeout | null = null;
 
@@ -21,7 +22,8 @@ export class JournalListener {
   async start(): Promise<void> {
     const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'keel-journal-listener' });
     client.on('notification', (message) => {
-      if (message.payload) this.wake(message.payload);
+      const notice = message.payload ? parseJournalNotice(message.payload) : null;
+      if (notice) this.wake(notice);
     });
     client.on('error', (error) => {
       this.logger.warn({ err: error }, 'journal listener connection lost; reconnecting');
@@ -49,17 +51,21 @@ export class JournalListener {
     this.reconnectTimer.unref();
   }
 
-  private wake(taskId: string): void {
-    const set = this.waiters.get(taskId);
-    if (set) for (const waiter of [...set]) waiter();
+  private wake(notice: JournalNotice): void {
+    const set = this.waiters.get(notice.taskId);
+    if (set) for (const waiter of [...set]) waiter(notice);
   }
 
+  /** Wakes everyone without a notice: they must reread the journal (notices may have been missed). */
   private wakeAll(): void {
-    for (const set of this.waiters.values()) for (const waiter of [...set]) waiter();
+    for (const set of this.waiters.values()) for (const waiter of [...set]) waiter(null);
   }
 
-  /** Calls `onWake` after every journal commit of the task until the returned function is called. */
-  subscribe(taskId: string, onWake: () => void): () => void {
+  /**
+   * Calls `onWake` after every journal commit of the task (with its notice), or with null when
+   * notices may have been missed, until the returned function is called.
+   */
+  subscribe(taskId: string, onWake: (notice: JournalNotice | null) => void): () => void {
     let set = this.waiters.get(taskId);
     if (!set) {
       set = new Set();
@@ -82,5 +88,52 @@ export class JournalListener {
     this.wakeAll();
     await this.client?.end().catch(() => undefined);
     this.client = null;
+  }
+}
+
+/**
+ * A blocking request's wait for the journal to announce an end (terminal or interrupted state,
+ * or a direct message) after a given sequence. It is created before the work is enqueued, so the
+ * notices alone decide; the journal is only read when notices may have been missed.
+ */
+export class JournalWait {
+  private readonly notices: JournalNotice[] = [];
+  private missed = false;
+  private wake: () => void = () => undefined;
+  private readonly unsubscribe: () => void;
+
+  constructor(
+    private readonly listener: JournalListener,
+    private readonly taskId: string,
+  ) {
+    this.unsubscribe = listener.subscribe(taskId, (notice) => {
+      if (notice) this.notices.push(notice);
+      else this.missed = true;
+      this.wake();
+    });
+  }
+
+  async until(db: CommonQueryMethods, afterSequence: number, capMs: number, checkFirst = false): Promise<boolean> {
+    const deadline = Date.now() + capMs;
+    let mustRead = checkFirst;
+    for (;;) {
+      const woken = new Promise<void>((resolve) => (this.wake = resolve));
+      if (this.notices.some((notice) => notice.ends && notice.lastSequence > afterSequence)) return true;
+      if (mustRead || this.missed) {
+        this.missed = false;
+        mustRead = false;
+        if (await journalEndedAfter(db, this.taskId, afterSequence)) return true;
+      }
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) return false;
+      // While the listener reconnects, read the journal every half second instead.
+      const poll = !this.listener.listening;
+      await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref())]);
+      if (poll) mustRead = true;
+    }
+  }
+
+  close(): void {
+    this.unsubscribe();
   }
 }

@@ -9,6 +9,19 @@ import type { StreamResponse } from '../a2a/wire.js';
 // StreamResponses bound to (task, sequence).
 
 export const JOURNAL_CHANNEL = 'keel_journal';
+
+/** The NOTIFY payload: the task, its newest sequence, and whether that batch ended a wait. */
+export function journalNotice(taskId: string, lastSequence: number, ends: boolean): string {
+  return `${taskId} ${lastSequence} ${ends ? 1 : 0}`;
+}
+
+export type JournalNotice = { taskId: string; lastSequence: number; ends: boolean };
+
+export function parseJournalNotice(payload: string): JournalNotice | null {
+  const [taskId, sequence, ends] = payload.split(' ');
+  if (!taskId || sequence === undefined || !/^\d+$/.test(sequence)) return null;
+  return { taskId, lastSequence: Number(sequence), ends: ends === '1' };
+}
 export const eventContext = (taskId: string, sequence: number) => ({ table: 'a2a_events', column: 'payload', rowId: `${taskId}/${sequence}` });
 
 const eventRow = z.object({ sequence: z.number(), kind: z.string(), state: z.string().nullable(), payload: z.instanceof(Buffer) });

@@ -1,11 +1,11 @@
-import { sql, type DatabasePool } from 'slonik';
+import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { RunStatus } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
-import { isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
-import { eventContext, JOURNAL_CHANNEL } from './journal.js';
+import { endsStream, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
+import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
 import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';
 
@@ -38,18 +38,16 @@ export type ProjectionResult = { taskId: string | null; events: number; revision
 type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
 
 export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
-  const result = await projectInTransaction(pool, sealer, runId);
-  // The run's watermark is moved after the commit: the projector locks only the task row, never the
-  // run row, so it cannot deadlock with a transition (which locks the run, then the task through the
-  // trigger). A lost update here is harmless: projection is idempotent on the task's watermark.
-  if (result.revision > 0) {
-    await pool.query(sql.unsafe`UPDATE runs SET projected_revision = greatest(projected_revision, ${result.revision}) WHERE id = ${runId} AND projected_revision < ${result.revision}`);
-  }
-  return result;
+  return pool.transaction(async (transaction) => {
+    // The journal is derived from committed run state and rebuilt from it after a crash, so its
+    // commit need not wait for the WAL flush: a lost projection is projected again, identically.
+    await transaction.query(sql.unsafe`SET LOCAL synchronous_commit = off`);
+    return projectLocked(transaction, sealer, runId);
+  });
 }
 
-async function projectInTransaction(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
-  return pool.transaction(async (transaction) => {
+async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string): Promise<ProjectionResult> {
+  {
     const task = await transaction.maybeOne(sql.type(lockedTask)`
       SELECT id, context_id, revision, last_sequence, projected_state, status_message, artifacts, direct_message
       FROM a2a_tasks WHERE run_id = ${runId} FOR UPDATE`);
@@ -144,19 +142,22 @@ async function projectInTransaction(pool: DatabasePool, sealer: Sealer, runId: s
         SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
         FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
           AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`);
-      await transaction.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${task.id})`);
+      const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
+      await transaction.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${journalNotice(task.id, task.last_sequence + events.length, ends)})`);
     }
     await transaction.query(sql.unsafe`
       UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${task.last_sequence + events.length}, projected_state = ${state}
       WHERE id = ${task.id}`);
     return { taskId: task.id, events: events.length, revision: run.revision };
-  });
+  }
 }
 
 /**
  * In-process projection right after a commit, one at a time per run (the sweeper and the projector
  * queue repair anything this misses: a crash between commit and projection loses nothing).
  */
+const COALESCE_MS = 5;
+
 export class ProjectionScheduler {
   private readonly running = new Map<string, Promise<void>>();
   private readonly again = new Set<string>();
@@ -173,6 +174,8 @@ export class ProjectionScheduler {
       return;
     }
     const work = (async () => {
+      // A short pause lets the commits of a fast run (claim, then completion) share one projection.
+      await new Promise((resolve) => setTimeout(resolve, COALESCE_MS));
       do {
         this.again.delete(runId);
         try {
