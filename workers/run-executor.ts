@@ -59,8 +59,11 @@ export type ExecutionReport =
   | { kind: 'suspended'; status: string }
   | { kind: 'stopped'; why: 'lease_lost' | 'cancelled' };
 
-/** Called after each commit that changed the run (the projector turns revisions into journal events). */
-export type AfterCommit = (runId: string) => void;
+/**
+ * Called after each commit that changed the run (the projector turns revisions into journal
+ * events); `settleSoon` marks a claim, after which a fast run usually settles within moments.
+ */
+export type AfterCommit = (runId: string, settleSoon?: boolean) => void;
 
 export type RunExecutor = {
   execute: (runId: string) => Promise<ExecutionReport>;
@@ -147,7 +150,7 @@ export function createRunExecutor(
   async function execute(runId: string): Promise<ExecutionReport> {
     const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
     if (!run) return { kind: 'skipped' };
-    afterCommit(runId);
+    afterCommit(runId, true);
     const runLog = logger.child({ runId, agent: run.agent });
 
     const agent = registry.get(run.agent);
@@ -214,6 +217,9 @@ export function createRunExecutor(
       });
     }
 
+    // A resumed or requeued run may have stored artifacts before: then completion reads them.
+    let storedOutputs = fresh ? 0 : 1;
+
     /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
     async function storeArtifacts(state: LoopContext, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
       if (emissions.length === 0) return true;
@@ -230,6 +236,7 @@ export function createRunExecutor(
           emissions.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${state.iteration}-${index}`)),
         );
         await transaction.query(sql.unsafe`UPDATE runs SET revision = revision + 1, updated_at = now() WHERE id = ${runId}`);
+        storedOutputs += emissions.length;
         return true;
       });
     }
@@ -416,6 +423,8 @@ export function createRunExecutor(
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
           const settled = await completeRun(pool, sealer, logger, {
             beforeSettle: (transaction) => audit.flushWithin(transaction),
+            taskId: run!.task_id,
+            hasOutputs: storedOutputs > 0,
             runId,
             workerId,
             reason: result.reason,

@@ -8,6 +8,7 @@ import type { KeelLogger } from '../log/logger.js';
 import { A2AErrors, invalidParams, jsonRpcError, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
 import { buildAgentCard } from './agent-card.js';
+import { withJsonNames } from './proto-json.js';
 import { lastEventId, openSse } from './sse.js';
 import {
   cancelTaskParamsSchema,
@@ -72,7 +73,7 @@ function envelopeId(body: unknown): string | number | null {
 
 /** A parse of zod params into the service's input, or an invalid-params error naming each field. */
 function parse<S extends z.ZodTypeAny>(schema: S, value: unknown): Result<z.output<S>> {
-  const parsed = schema.safeParse(value ?? {});
+  const parsed = schema.safeParse(withJsonNames(value ?? {}));
   return parsed.success ? { ok: true, value: parsed.data } : { ok: false, error: invalidParams(parsed.error.issues) };
 }
 
@@ -379,11 +380,12 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported`, { httpStatus: 405 }));
       }
       if ((match = /^\/tasks\/([^/:]+)\/pushNotificationConfigs\/([^/]+)$/.exec(path))) {
-        const taskId = decodeURIComponent(match[1]!);
-        const id = decodeURIComponent(match[2]!);
-        if (method === 'GET') return restAnswer(reply, await service.getPushConfig(caller, taskId, id));
-        if (method === 'DELETE') return restAnswer(reply, await service.deletePushConfig(caller, taskId, id));
-        return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported`, { httpStatus: 405 }));
+        if (method !== 'GET' && method !== 'DELETE') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported`, { httpStatus: 405 }));
+        // Through the params schema like JSON-RPC, so both bindings refuse the same ids.
+        const input = parse(getPushConfigParamsSchema, { taskId: decodeURIComponent(match[1]!), id: decodeURIComponent(match[2]!) });
+        if (!input.ok) return restFail(reply, input.error);
+        const { taskId, id } = input.value;
+        return restAnswer(reply, method === 'GET' ? await service.getPushConfig(caller, taskId, id) : await service.deletePushConfig(caller, taskId, id));
       }
       if ((match = /^\/tasks\/([^/:]+)$/.exec(path))) {
         if (method !== 'GET') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported; use GET`, { httpStatus: 405 }));

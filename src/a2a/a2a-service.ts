@@ -8,7 +8,7 @@ import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
-import { cancelRun, createRun } from '../runs/run-repository.js';
+import { cancelRun, createRun, insertRunStatement } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig } from '../push/push-config-repository.js';
 import { readJournal } from '../tasks/journal.js';
@@ -17,6 +17,7 @@ import type { ProjectionScheduler } from '../tasks/projector.js';
 import {
   appendTaskHistory,
   contextTranscript,
+  createTaskInNewContext,
   ensureContext,
   getTaskRow,
   insertTask,
@@ -78,6 +79,8 @@ function decodePageToken(token: string): { timestamp: number; id: string } | nul
   try {
     const [version, timestamp, id] = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as [number, number, string];
     if (version !== PAGE_TOKEN_VERSION || typeof timestamp !== 'number' || typeof id !== 'string' || !isUuid(id)) return null;
+    // A timestamp no Date can hold (1e999 parses as Infinity) would fail the query, not the token.
+    if (Number.isNaN(new Date(timestamp).getTime())) return null;
     return { timestamp, id };
   } catch {
     return null;
@@ -185,29 +188,39 @@ export class A2AService {
     const contextId = message.contextId ?? randomUUID();
     const { pool, sealer } = this.deps;
     const stored = this.storedMessage(message, taskId, contextId);
-    await pool.transaction(async (transaction) => {
-      await ensureContext(transaction, caller.clientId, contextId);
-      const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
-      await createRun(transaction, sealer, {
-        id: taskId,
-        agent: caller.agent.config.id,
-        auditLevel: primary.ceilings.auditLevel,
-        answerLevel: primary.ceilings.answerLevel,
-        provider: primary.provider.name,
-        taskId,
-        request: { messages: [...earlier, { role: 'user', content: messageText(message) }], metadata: { messageId: message.messageId, contextId } },
-      });
-      await insertTask(transaction, sealer, {
-        id: taskId,
-        contextId,
-        owner: caller.clientId,
-        agent: caller.agent.config.id,
-        answerLevel: primary.ceilings.answerLevel,
-        history: [stored],
-        metadata: params.metadata ?? {},
-      });
-      if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
+    const runInput = {
+      id: taskId,
+      agent: caller.agent.config.id,
+      auditLevel: primary.ceilings.auditLevel,
+      answerLevel: primary.ceilings.answerLevel,
+      provider: primary.provider.name,
+      taskId,
+    };
+    const task = {
+      id: taskId,
+      contextId,
+      owner: caller.clientId,
+      agent: caller.agent.config.id,
+      answerLevel: primary.ceilings.answerLevel,
+      history: [stored],
+      metadata: params.metadata ?? {},
+    };
+    const request = (earlier: Array<{ role: 'user' | 'assistant'; content: string }>) => ({
+      messages: [...earlier, { role: 'user' as const, content: messageText(message) }],
+      metadata: { messageId: message.messageId, contextId },
     });
+    if (!message.contextId && !pushInput) {
+      // The common case, a first message: one statement, one round trip.
+      await createTaskInNewContext(pool, sealer, task, insertRunStatement(sealer, { ...runInput, request: request([]) }));
+    } else {
+      await pool.transaction(async (transaction) => {
+        await ensureContext(transaction, caller.clientId, contextId);
+        const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
+        await createRun(transaction, sealer, { ...runInput, request: request(earlier) });
+        await insertTask(transaction, sealer, task);
+        if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
+      });
+    }
     beforeWork?.(taskId);
     await enqueueRun(this.deps.queues, taskId);
     return ok({ taskId, afterSequence: 0 });
@@ -390,6 +403,8 @@ export class A2AService {
     if (pageToken) {
       try {
         after = Buffer.from(pageToken, 'base64url').toString('utf8');
+        // Only what this method issued: the base64url of a config id (never a NUL, which no query takes).
+        if (after.includes('\u0000') || Buffer.from(after).toString('base64url') !== pageToken) throw new Error('not a page token');
       } catch {
         return fail(invalidParams([{ path: ['pageToken'], message: 'not a page token returned by this method' }]));
       }

@@ -19,8 +19,23 @@ export const INTERRUPTED_TASK_STATES: readonly TaskState[] = ['TASK_STATE_INPUT_
 export const isTerminalState = (state: string) => (TERMINAL_TASK_STATES as readonly string[]).includes(state);
 export const endsStream = (state: string) => isTerminalState(state) || (INTERRUPTED_TASK_STATES as readonly string[]).includes(state);
 
-const metadata = z.record(z.unknown());
-const nonEmpty = z.string().min(1).max(1024);
+// Text that reaches a database column or query as text or jsonb: Postgres stores neither NUL nor
+// a lone UTF-16 surrogate, so such a value is refused here instead of failing the statement.
+// eslint-disable-next-line no-control-regex -- NUL is exactly what this pattern refuses
+const STORABLE = /^[^\u0000\uD800-\uDFFF]*$/u;
+const STORABLE_MESSAGE = 'must be well-formed text without NUL characters';
+const storable = () => z.string().regex(STORABLE, STORABLE_MESSAGE);
+const storableJson = (value: unknown): boolean =>
+  typeof value === 'string'
+    ? STORABLE.test(value)
+    : Array.isArray(value)
+      ? value.every(storableJson)
+      : typeof value === 'object' && value !== null
+        ? Object.entries(value).every(([key, item]) => STORABLE.test(key) && storableJson(item))
+        : true;
+
+const metadata = z.record(z.unknown()).refine(storableJson, `metadata keys and strings ${STORABLE_MESSAGE}`);
+const nonEmpty = storable().min(1).max(1024);
 
 // ProtoJSON accepts an enum by name or by number.
 const ROLE_NUMBERS: Record<number, 'ROLE_USER' | 'ROLE_AGENT'> = { 1: 'ROLE_USER', 2: 'ROLE_AGENT' };
@@ -63,13 +78,14 @@ export const messageSchema = z.object({
 });
 export type WireMessage = z.infer<typeof messageSchema>;
 
-export const authenticationSchema = z.object({ scheme: z.string().min(1).max(64), credentials: z.string().max(8192).optional() });
+// Push configs are stored with text columns (id, url, scheme, the hints of token and credentials).
+export const authenticationSchema = z.object({ scheme: storable().min(1).max(64), credentials: storable().max(8192).optional() });
 
 export const pushConfigInputSchema = z.object({
-  id: z.string().min(1).max(256).optional(),
+  id: storable().min(1).max(256).optional(),
   taskId: z.string().optional(),
-  url: z.string().min(1).max(4096),
-  token: z.string().max(4096).optional(),
+  url: storable().min(1).max(4096),
+  token: storable().max(4096).optional(),
   authentication: authenticationSchema.optional(),
   tenant: z.string().optional(),
 });
@@ -93,7 +109,17 @@ export const getTaskParamsSchema = z.object({ id: nonEmpty, historyLength: z.num
 export const cancelTaskParamsSchema = z.object({ id: nonEmpty, metadata: metadata.optional(), tenant: z.string().optional() });
 export const subscribeParamsSchema = z.object({ id: nonEmpty, tenant: z.string().optional() });
 
-const TASK_STATE_NUMBERS: Record<number, TaskState> = Object.fromEntries(TASK_STATES.map((state, index) => [index + 1, state]));
+// The numbers of a2a.proto's TaskState (not the order of TASK_STATES above).
+const TASK_STATE_NUMBERS: Record<number, TaskState> = {
+  1: 'TASK_STATE_SUBMITTED',
+  2: 'TASK_STATE_WORKING',
+  3: 'TASK_STATE_COMPLETED',
+  4: 'TASK_STATE_FAILED',
+  5: 'TASK_STATE_CANCELED',
+  6: 'TASK_STATE_INPUT_REQUIRED',
+  7: 'TASK_STATE_REJECTED',
+  8: 'TASK_STATE_AUTH_REQUIRED',
+};
 const taskState = z.union([
   z.enum(TASK_STATES),
   z.number().int().transform((value, context) => {
@@ -107,10 +133,10 @@ const taskState = z.union([
 const unset = (value: unknown) => (value === 'TASK_STATE_UNSPECIFIED' || value === 0 || value === '' || value === null ? undefined : value);
 
 export const listTasksParamsSchema = z.object({
-  contextId: z.preprocess(unset, z.string().max(256).optional()),
+  contextId: z.preprocess(unset, storable().max(256).optional()),
   status: z.preprocess(unset, taskState.optional()),
   pageSize: z.number().int().min(1).max(100).optional(),
-  pageToken: z.string().max(512).optional(),
+  pageToken: storable().max(512).optional(),
   historyLength: z.number().int().min(0).max(10_000).optional(),
   statusTimestampAfter: z.preprocess(unset, z.string().datetime({ offset: true }).optional()),
   includeArtifacts: z.boolean().optional(),
@@ -123,7 +149,7 @@ export const getPushConfigParamsSchema = z.object({ taskId: nonEmpty, id: nonEmp
 export const listPushConfigsParamsSchema = z.object({
   taskId: nonEmpty,
   pageSize: z.number().int().min(1).max(100).optional(),
-  pageToken: z.string().max(512).optional(),
+  pageToken: storable().max(512).optional(),
   tenant: z.string().optional(),
 });
 export const deletePushConfigParamsSchema = getPushConfigParamsSchema;

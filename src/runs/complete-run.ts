@@ -21,6 +21,10 @@ export type CompletionInput = {
   totals: RunTotals;
   /** Runs inside the completion transaction first (the audit trail's last events). */
   beforeSettle?: (transaction: CommonQueryMethods) => Promise<unknown>;
+  /** The run serves this A2A task (runs.task_id), so task and run are locked together. */
+  taskId: string | null;
+  /** False when the run stored no artifacts: nothing to merge into the result. */
+  hasOutputs: boolean;
 };
 
 const lockedRun = z.object({
@@ -30,6 +34,7 @@ const lockedRun = z.object({
   revision: z.number(),
   task_id: z.string().nullable(),
   context_id: z.string().nullable(),
+  history: z.instanceof(Buffer).nullable(),
 });
 
 /**
@@ -41,10 +46,16 @@ const lockedRun = z.object({
  */
 export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<SettleResult> {
   return pool.transaction(async (transaction) => {
-    const run = await transaction.maybeOne(sql.type(lockedRun)`
-      SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, t.context_id
-      FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id
-      WHERE r.id = ${input.runId} FOR UPDATE OF r`);
+    // The run row, and the task row with it (run first, task second: the order every transition
+    // takes through the state trigger), in one statement.
+    const run = input.taskId
+      ? await transaction.maybeOne(sql.type(lockedRun)`
+          SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, t.context_id, t.history
+          FROM runs r JOIN a2a_tasks t ON t.id = r.task_id
+          WHERE r.id = ${input.runId} FOR UPDATE OF r, t`)
+      : await transaction.maybeOne(sql.type(lockedRun)`
+          SELECT status, claimed_by, answer_level, revision, task_id, NULL::text AS context_id, NULL::bytea AS history
+          FROM runs WHERE id = ${input.runId} FOR UPDATE`);
     const settle = () =>
       settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
     if (!run || run.status !== 'running' || run.claimed_by !== input.workerId) return settle();
@@ -73,7 +84,7 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
     }
 
     const presentation = input.presentation ?? 'artifact';
-    const artifacts: Artifact[] = mergeArtifacts(await listRunOutputs(transaction, sealer, input.runId));
+    const artifacts: Artifact[] = input.hasOutputs ? mergeArtifacts(await listRunOutputs(transaction, sealer, input.runId)) : [];
     if (presentation === 'artifact' && input.answer !== null) {
       artifacts.push({ artifactId: `${run.task_id}-answer`, name: 'answer', parts: [{ text: input.answer }] });
     }
@@ -81,7 +92,7 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
       presentation !== 'artifact' && input.answer !== null
         ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: run.context_id ?? undefined, taskId: run.task_id }
         : null;
-    await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage: presentation === 'direct_message' });
+    await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage: presentation === 'direct_message' }, run.history);
     return settle();
   });
 }

@@ -41,14 +41,18 @@ export type CreateRunInput = {
   request: unknown;
 };
 
+/** The INSERT of a new QUEUED run, as a statement of its own or a CTE of a larger one. */
+export function insertRunStatement(sealer: Sealer, input: CreateRunInput & { id: string }) {
+  const sealed = sealer.sealJson(queuedRequestContext(input.id), input.request);
+  return sql.fragment`
+    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request)
+    VALUES (${input.id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null},
+      ${input.taskId ?? null}, ${sql.binary(sealed)})`;
+}
+
 export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput): Promise<RunRow> {
   const id = input.id ?? randomUUID();
-  const sealed = sealer.sealJson(queuedRequestContext(id), input.request);
-  return db.one(sql.type(runRow)`
-    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request)
-    VALUES (${id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null},
-      ${input.taskId ?? null}, ${sql.binary(sealed)})
-    RETURNING *`);
+  return db.one(sql.type(runRow)`${insertRunStatement(sealer, { ...input, id })} RETURNING *`);
 }
 
 export async function getRun(db: Db, runId: string): Promise<RunRow | null> {

@@ -22,6 +22,9 @@ import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fe
 import type { KeelContext } from './keel-context.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
 
+/** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
+const CLAIM_COALESCE_MS = 40;
+
 export type KeelInstance = {
   context: KeelContext;
   projector: ProjectionScheduler;
@@ -123,7 +126,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         providerBackoffMs: config.runs.providerBackoffMs,
         maxBackoffMs: 60_000,
       },
-      (runId) => projector.wake(runId),
+      (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
     );
     queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     queues.createWorker('projector', createProjectorProcessor(context), { concurrency: 4 });

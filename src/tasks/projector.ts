@@ -15,6 +15,7 @@ import { taskStateOf } from './task-state.js';
 // lock, and the watermark keeps a revision from being projected twice.
 
 const lockedTask = z.object({
+  has_outputs: z.boolean(),
   id: z.string(),
   context_id: z.string(),
   revision: z.number(),
@@ -26,7 +27,7 @@ const lockedTask = z.object({
 });
 const runState = z.object({
   status: z.string(),
-  revision: z.number(),
+  run_revision: z.number(),
   started_at: z.number().nullable(),
   status_changed_at: z.number(),
   termination_reason: z.string().nullable(),
@@ -39,22 +40,27 @@ type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState 
 
 export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
   return pool.transaction(async (transaction) => {
-    // The journal is derived from committed run state and rebuilt from it after a crash, so its
-    // commit need not wait for the WAL flush: a lost projection is projected again, identically.
-    await transaction.query(sql.unsafe`SET LOCAL synchronous_commit = off`);
     return projectLocked(transaction, sealer, runId);
   });
 }
 
 async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string): Promise<ProjectionResult> {
   {
-    const task = await transaction.maybeOne(sql.type(lockedTask)`
-      SELECT id, context_id, revision, last_sequence, projected_state, status_message, artifacts, direct_message
-      FROM a2a_tasks WHERE run_id = ${runId} FOR UPDATE`);
-    if (!task) return { taskId: null, events: 0, revision: 0 };
-    const run = await transaction.one(sql.type(runState)`
-      SELECT status, revision, started_at, status_changed_at, termination_reason, failure_detail FROM runs WHERE id = ${runId}`);
+    // One statement: lock the task row (never the run row), read the run's committed state, and
+    // let this commit skip the WAL flush wait: the journal is derived from committed run state and
+    // a projection lost in a crash is projected again, identically.
+    const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
+      SELECT t.id, t.context_id, t.revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
+        r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
+        EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs,
+        set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
+      FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
+      WHERE t.run_id = ${runId} FOR UPDATE OF t`);
+    if (!row) return { taskId: null, events: 0, revision: 0 };
+    const task = row;
+    const run = { ...row, revision: row.run_revision };
     if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision };
+    const outputs = task.has_outputs ? await listRunOutputs(transaction, sealer, runId) : [];
 
 
     const base = { taskId: task.id, contextId: task.context_id };
@@ -77,7 +83,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
     }
 
     // Artifacts the agent emitted during the run, in the order they were committed.
-    const emitted = (await listRunOutputs(transaction, sealer, runId)).filter(
+    const emitted = outputs.filter(
       (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > task.revision && output.runRevision <= run.revision,
     );
     for (const output of emitted) {
@@ -103,9 +109,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         events.push({ kind: 'message', state: 'TASK_STATE_COMPLETED', response: { message } });
       } else if (state === 'TASK_STATE_COMPLETED') {
         // The result written by the completion transaction: artifacts not already streamed.
-        const streamed = new Set(
-          (await listRunOutputs(transaction, sealer, runId)).filter((output) => output.kind === 'artifact').map((output) => output.artifactId),
-        );
+        const streamed = new Set(outputs.filter((output) => output.kind === 'artifact').map((output) => output.artifactId));
         const artifacts = openSealed<Artifact[]>(sealer, task.id, 'artifacts', task.artifacts, []);
         for (const artifact of artifacts.filter((candidate) => !streamed.has(candidate.artifactId))) {
           events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { ...base, artifact, lastChunk: true } } });
@@ -168,14 +172,18 @@ export class ProjectionScheduler {
     private readonly logger: KeelLogger,
   ) {}
 
-  wake(runId: string): void {
+  /**
+   * Projects the run soon. `delayMs` lets the commits of a fast run share one projection: the
+   * executor waits a little after a claim (a run that completes meanwhile is projected once, with
+   * its WORKING state first) and not at all after a settle.
+   */
+  wake(runId: string, delayMs = 0): void {
     if (this.running.has(runId)) {
       this.again.add(runId);
       return;
     }
     const work = (async () => {
-      // A short pause lets the commits of a fast run (claim, then completion) share one projection.
-      await new Promise((resolve) => setTimeout(resolve, COALESCE_MS));
+      await new Promise((resolve) => setTimeout(resolve, Math.max(delayMs, COALESCE_MS)));
       do {
         this.again.delete(runId);
         try {

@@ -58,13 +58,29 @@ export type NewTask = {
   metadata: Record<string, unknown>;
 };
 
-/** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
-export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask): Promise<void> {
+function insertTaskStatement(sealer: Sealer, task: NewTask) {
   const history = sealHistory(sealer, task.id, task.answerLevel, task.history);
-  await db.query(sql.unsafe`
+  return sql.fragment`
     INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata)
     VALUES (${task.id}, ${task.contextId}, ${task.owner}, ${task.agent}, ${task.id}, 'TASK_STATE_SUBMITTED',
-      ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)})`);
+      ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)})`;
+}
+
+/** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
+export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask): Promise<void> {
+  await db.query(sql.unsafe`${insertTaskStatement(sealer, task)}`);
+}
+
+/**
+ * A new task in a new context in one statement (one round trip, atomic on its own): the context,
+ * the QUEUED run (the debt its job stands for) and the task row. Foreign keys are checked at the
+ * end of the statement, when all three exist.
+ */
+export async function createTaskInNewContext(db: CommonQueryMethods, sealer: Sealer, task: NewTask, run: ReturnType<typeof sql.fragment>): Promise<void> {
+  await db.query(sql.unsafe`
+    WITH new_context AS (INSERT INTO contexts (owner, id) VALUES (${task.owner}, ${task.contextId}) RETURNING id),
+      new_run AS (${run} RETURNING id)
+    ${insertTaskStatement(sealer, task)}`);
 }
 
 function sealHistory(sealer: Sealer, taskId: string, level: PrivacyLevel, history: Message[]): Buffer | null {
@@ -150,13 +166,21 @@ export async function appendTaskHistory(db: CommonQueryMethods, sealer: Sealer, 
 export type TaskResult = { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean };
 
 /** Writes the result with the completion (the caller holds the run-row lock and has reread the level). */
-export async function writeTaskResult(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, result: TaskResult): Promise<void> {
+export async function writeTaskResult(
+  db: CommonQueryMethods,
+  sealer: Sealer,
+  taskId: string,
+  level: PrivacyLevel,
+  result: TaskResult,
+  /** The task's sealed history as read under the lock the caller holds. */
+  sealedHistory: Buffer | null,
+): Promise<void> {
   const artifacts = keepAtLevel(level, result.artifacts);
   const status = result.statusMessage ? keepAtLevel(level, result.statusMessage) : undefined;
-  const current = await db.maybeOne(sql.type(z.object({ history: z.instanceof(Buffer).nullable() }))`
-    SELECT history FROM a2a_tasks WHERE id = ${taskId} FOR UPDATE`);
-  const history = openSealed<Message[]>(sealer, taskId, 'history', current?.history ?? null, []);
-  const newHistory = result.statusMessage ? sealHistory(sealer, taskId, level, [...history, result.statusMessage]) : null;
+  // The agent's final status message joins the history; without one the history is unchanged.
+  const newHistory = result.statusMessage
+    ? sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', sealedHistory, []), result.statusMessage])
+    : null;
   await db.query(sql.unsafe`
     UPDATE a2a_tasks SET
       artifacts = ${artifacts === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts))},

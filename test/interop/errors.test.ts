@@ -57,6 +57,8 @@ const E = {
   resultNotRetainable: { code: -32004, reason: 'RESULT_NOT_RETAINABLE', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   // REST answers an unsupported request media type with 415 (HTTP's own status for it); see the report.
   contentTypeNotSupported: { code: -32005, reason: 'CONTENT_TYPE_NOT_SUPPORTED', httpStatus: 415, status: 'INVALID_ARGUMENT' },
+  // A media type inside the message: specification 5.4's mapping, 400.
+  partContentTypeNotSupported: { code: -32005, reason: 'CONTENT_TYPE_NOT_SUPPORTED', httpStatus: 400, status: 'INVALID_ARGUMENT' },
   extensionRequired: { code: -32008, reason: 'EXTENSION_SUPPORT_REQUIRED', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   versionNotSupported: { code: -32009, reason: 'VERSION_NOT_SUPPORTED', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   payloadTooLarge: { code: -32600, reason: 'PAYLOAD_TOO_LARGE', httpStatus: 413 },
@@ -181,6 +183,8 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
       ['pageSize not an integer', { pageSize: 2.5 }, 'pageSize'],
       ['a pageToken ListTasks never issued', { pageToken: 'not-a-page-token' }, 'pageToken'],
       ['a pageToken that decodes to the wrong shape', { pageToken: Buffer.from(JSON.stringify([1, 'x', 'y'])).toString('base64url') }, 'pageToken'],
+      ['a pageToken whose timestamp no date can hold', { pageToken: Buffer.from(`[1,1e999,"${randomUUID()}"]`).toString('base64url') }, 'pageToken'],
+      ['a pageToken whose timestamp is out of range', { pageToken: Buffer.from(`[1,9e15,"${randomUUID()}"]`).toString('base64url') }, 'pageToken'],
       ['an unknown status', { status: 'TASK_STATE_DONE' }, 'status'],
       ['statusTimestampAfter not a timestamp', { statusTimestampAfter: 'yesterday' }, 'statusTimestampAfter'],
       ['historyLength negative', { historyLength: -1 }, 'historyLength'],
@@ -249,6 +253,23 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
       const error = await expectRefused(binding, method, params({ completed: completed.id, unknown }), E.taskNotFound, { agent });
       expect(error.message).toMatch(/not found/);
     });
+  });
+
+  it('-32005 ContentTypeNotSupportedError (400): a part whose media type the agent does not accept', async () => {
+    const card = (await (await fetch(`${keel.url}/a2a/echo/.well-known/agent-card.json`)).json()) as Json;
+    expect(card.defaultInputModes).not.toContain('image/png');
+    const png = { messageId: 'png', role: 'ROLE_USER', parts: [{ text: 'look' }, { raw: Buffer.from('not really a png').toString('base64'), mediaType: 'image/png', filename: 'a.png' }] };
+    await expectRefused(binding, 'SendMessage', { message: png }, E.partContentTypeNotSupported);
+    await expectRefused(binding, 'SendStreamingMessage', { message: png }, E.partContentTypeNotSupported);
+    // Accepted media types (parameters ignored) are served.
+    const json = { ...png, messageId: 'json', parts: [{ data: { a: 1 }, mediaType: 'application/json; charset=utf-8' }, { text: 'hi', mediaType: 'text/plain' }] };
+    expect(expectA2AResult(binding, await call(binding, 'SendMessage', { message: json })).task.status.state).toBe('TASK_STATE_COMPLETED');
+  });
+
+  it('-32602 for a push-config pageToken the method never issued', async () => {
+    for (const pageToken of ['%%%', Buffer.from('a\u0000b').toString('base64url'), 'AAAA']) {
+      await expectRefused(binding, 'ListTaskPushNotificationConfigs', { taskId: running.id, pageToken }, E.invalidParams, { agent: 'slow' });
+    }
   });
 
   it('-32002 TaskNotCancelableError: CancelTask of a completed task', async () => {
@@ -338,9 +359,7 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
       }
     });
 
-    it('the version as a request parameter, and a patch version, are accepted', async () => {
-      const response = await callA2A(`${keel.url}`, 'echo', binding, 'GetTask', { id: completed.id }, { token, headers: { 'a2a-version': null } });
-      expectA2AError(binding, response, E.versionNotSupported);
+    it('the version as a request parameter (no header), and a patch version, are accepted', async () => {
       const viaQuery =
         binding === 'JSONRPC'
           ? await fetch(`${keel.url}/a2a/echo?A2A-Version=1.0`, {
@@ -453,10 +472,13 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
       expect(await rowCounts(keel.context.pool)).toEqual(before);
     });
 
-    it('NUL characters anywhere in a request never give a 500', async () => {
-      const nul = 'a\u0000b';
+    it.each([
+      ['a NUL character', 'a\u0000b'],
+      ['a lone high surrogate', 'a\ud800b'],
+      ['a lone low surrogate', 'a\udc00b'],
+    ])('%s anywhere in a request never gives a 500 nor writes a row', async (_name, nul) => {
+      const before = await rowCounts(keel.context.pool);
       const attempts: Array<[string, Record<string, unknown>, string?]> = [
-        ['SendMessage', send(nul)],
         ['SendMessage', send('x', { messageId: nul })],
         ['SendMessage', send('x', { contextId: nul })],
         ['SendMessage', { ...send('x'), metadata: { [nul]: nul } }],
@@ -474,6 +496,25 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
         const response = await call(binding, method, params, { agent: agent ?? 'echo' });
         expect(response.status, `${method} ${JSON.stringify(params)}: ${response.text}`).toBeLessThan(500);
         expect(response.body?.error?.code, `${method} ${JSON.stringify(params)}: ${response.text}`).not.toBe(binding === 'JSONRPC' ? -32603 : 500);
+      }
+      expect(await rowCounts(keel.context.pool)).toEqual(before);
+      // In the content of a message it is only text: the task is served.
+      const served = expectA2AResult(binding, await call(binding, 'SendMessage', { ...send(nul), metadata: undefined }));
+      expect(served.task.status.state).toBe('TASK_STATE_COMPLETED');
+    });
+
+    it.runIf(binding === 'HTTP+JSON')('malformed percent-encoding in a path is a clean 4xx', async () => {
+      for (const [method, path] of [
+        ['GET', '/tasks/%E0%A4%A'],
+        ['GET', '/tasks/abc%ZZ'],
+        ['POST', '/tasks/%:cancel'],
+        ['GET', `/tasks/${running.id}/pushNotificationConfigs/%C0%AF`],
+        ['DELETE', `/tasks/${running.id}/pushNotificationConfigs/a%00b`],
+        ['GET', `/tasks/${running.id}/pushNotificationConfigs/a%00b`],
+      ]) {
+        const response = await rawRest(keel.url, 'slow', method!, path!, undefined, { token });
+        expect(response.status, `${method} ${path}: ${response.text}`).toBeGreaterThanOrEqual(400);
+        expect(response.status, `${method} ${path}: ${response.text}`).toBeLessThan(500);
       }
     });
   });
@@ -536,7 +577,7 @@ describe('JSON-RPC envelope errors', () => {
 
   it('an unknown agent is a 404 with -32601', async () => {
     const response = await rawRpc(keel.url, 'no-such-agent', { jsonrpc: '2.0', id: 1, method: 'ListTasks', params: {} }, { token });
-    expectRpcError(response, { ...E.methodNotFound, rpcHttpStatus: 404 }, null);
+    expectRpcError(response, { ...E.methodNotFound, rpcHttpStatus: 404 }, 1);
   });
 
   it('ProtoJSON enum numbers are read as the proto numbers them', async () => {

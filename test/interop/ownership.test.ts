@@ -245,7 +245,7 @@ describe('without a valid token', () => {
           ? await rawRpc(keel.url, 'echo', { jsonrpc: '2.0', id: 1, method: 'SendMessage', params: message }, { token })
           : await rawRest(keel.url, 'echo', 'POST', '/message:send', message, { token });
       expect(response.headers.get('www-authenticate') ?? '').toMatch(/^Bearer\b/);
-      if (binding === 'JSONRPC') expectRpcError(response, { code: -32600, reason: 'UNAUTHENTICATED', rpcHttpStatus: 401 }, null);
+      if (binding === 'JSONRPC') expectRpcError(response, { code: -32600, reason: 'UNAUTHENTICATED', rpcHttpStatus: 401 }, 1);
       else expectRestError(response, { httpStatus: 401, reason: 'UNAUTHENTICATED', status: 'UNAUTHENTICATED' });
     }
     // Reads too: no task id, real or not, is confirmed to a caller without a token.

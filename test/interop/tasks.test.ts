@@ -221,6 +221,8 @@ describe('a crash between the completion commit and projection', () => {
       workerId: 'crashed-worker',
       reason: 'completed',
       answer: 'survived the crash',
+      taskId: task.id,
+      hasOutputs: false,
       totals: { iterations: 1, toolCalls: 0, inputTokens: 0, outputTokens: 0 },
     });
     expect(settled.settled).toBe(true);

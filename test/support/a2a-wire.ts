@@ -86,7 +86,14 @@ const query = (params: Record<string, unknown>, skip: readonly string[]) => {
   const text = search.toString();
   return text ? `?${text}` : '';
 };
-const segment = (value: unknown) => encodeURIComponent(String(value));
+/** A path segment; text that is not well-formed (a lone surrogate) goes as the bytes Node would send. */
+const segment = (value: unknown) => {
+  try {
+    return encodeURIComponent(String(value));
+  } catch {
+    return [...Buffer.from(String(value), 'utf8')].map((byte) => `%${byte.toString(16).padStart(2, '0')}`).join('');
+  }
+};
 
 /**
  * One A2A method call on either binding, mapped to the specification's REST paths for HTTP+JSON
