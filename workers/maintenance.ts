@@ -5,6 +5,7 @@ import { projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
+import { wakePendingHeads } from './push-delivery.js';
 
 // The maintenance queue's processor. The sweep is the repair path of the outbox rule: every debt
 // recorded in Postgres whose job is missing gets its job again, so wiping Redis loses no work.
@@ -114,7 +115,9 @@ export function createMaintenanceProcessor(context: KeelContext) {
         const reaped = await reapExpiredLeases(context, policy);
         const swept = await sweepDebts(context);
         const projections = await sweepProjectionDebts(context);
-        return { ...reaped, ...swept, projections };
+        // Pending deliveries whose job is missing (a flushed Redis, a lost wake-up): wake each config's head.
+        const deliveries = await wakePendingHeads(context);
+        return { ...reaped, ...swept, projections, deliveries };
       }
       case PURGE_JOB: {
         const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);

@@ -10,6 +10,7 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun, createRun, insertRunStatement } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
+import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig } from '../push/push-config-repository.js';
 import { readJournal } from '../tasks/journal.js';
 import { JournalWait, type JournalListener } from '../tasks/journal-listener.js';
@@ -420,7 +421,11 @@ export class A2AService {
   async deletePushConfig(caller: Caller, taskId: string, id: string): Promise<Result<Record<string, never>>> {
     const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
     if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
-    await deletePushConfig(this.deps.pool, taskId, id);
+    // Idempotent; after it no new attempt starts (a request already in flight may still arrive).
+    await this.deps.pool.transaction(async (transaction) => {
+      await deletePushConfig(transaction, taskId, id);
+      await cancelPendingOfConfig(transaction, taskId, id, 'config deleted');
+    });
     return ok({});
   }
 

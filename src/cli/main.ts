@@ -4,6 +4,7 @@ import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
 import { registerKeysCommands } from './keys-commands.js';
 import { registerMigrateCommand } from './migrate-command.js';
+import { registerPushCommands } from './push-commands.js';
 import { registerRetentionCommands } from './retention-commands.js';
 import { registerRunsCommands } from './runs-commands.js';
 import { registerStartCommand } from './start-command.js';
@@ -20,6 +21,7 @@ export function buildProgram(): Command {
   registerDoctorCommand(program, globals);
   registerRunsCommands(program, globals);
   registerRetentionCommands(program, globals);
+  registerPushCommands(program, globals);
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
   program.commands.forEach((command) => command.exitOverride());

@@ -75,6 +75,11 @@ const pushSchema = z
     timeoutSeconds: z.number().positive().max(300).default(15),
     maxAttempts: z.number().int().min(1).max(100).default(8),
     deadlineHours: z.number().positive().max(24 * 30).default(24),
+    retryBaseSeconds: z.number().min(0).max(3600).default(2),
+    retryMaxSeconds: z.number().min(0).max(86_400).default(300),
+    maxPendingPerConfig: z.number().int().min(1).max(1_000_000).default(1000),
+    maxPendingTotal: z.number().int().min(1).max(100_000_000).default(100_000),
+    concurrency: z.number().int().min(1).max(1000).default(16),
   })
   .strict();
 

@@ -6,5 +6,6 @@
 // same id it would hide the requeue's wake-up until then.
 export const runJobId = (runId: string, requeues = 0) => (requeues > 0 ? `run-${runId}-r${requeues}` : `run-${runId}`);
 export const projectionJobId = (runId: string, revision: number) => `proj-${runId}-${revision}`;
-export const deliveryJobId = (deliveryId: string) => `dlv-${deliveryId}`;
+/** One job per attempt: a retry is a new delayed job, never the finished one re-added. */
+export const deliveryJobId = (deliveryId: string, attempt = 0) => (attempt > 0 ? `dlv-${deliveryId}-a${attempt}` : `dlv-${deliveryId}`);
 export const inboxJobId = (inboxId: string) => `inbox-${inboxId}`;

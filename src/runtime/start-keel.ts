@@ -12,6 +12,8 @@ import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
 import { createRunExecutor } from '../../workers/run-executor.js';
 import { createProjectorProcessor } from '../../workers/projector.js';
+import { createPushDeliveryProcessor } from '../../workers/push-delivery.js';
+import { deliveryJobId } from '../queue/job-ids.js';
 import { A2AService } from '../a2a/a2a-service.js';
 import { registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
@@ -108,7 +110,13 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
 
   // Committed run revisions are projected into the journal right away in this process; the
   // projector queue and the sweeper repair whatever a crash leaves behind.
-  const projector = new ProjectionScheduler(database.pool, sealing.sealer, logger);
+  const projectionOptions = {
+    push: { deadlineHours: config.push.deadlineHours, maxPendingPerConfig: config.push.maxPendingPerConfig, maxPendingTotal: config.push.maxPendingTotal },
+  };
+  const enqueueDeliveries = async (result: { deliveryIds: string[] }) => {
+    for (const id of result.deliveryIds) await queues.addJob('push', deliveryJobId(id), { deliveryId: id });
+  };
+  const projector = new ProjectionScheduler(database.pool, sealing.sealer, logger, projectionOptions, enqueueDeliveries);
   const listener = new JournalListener(database.url, logger);
   const listening = await listener.start().then(() => null, (error: Error) => error);
   if (listening) return fail('database', `cannot LISTEN for journal notifications: ${listening.message}`);
@@ -129,7 +137,17 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
     );
     queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
-    queues.createWorker('projector', createProjectorProcessor(context), { concurrency: 4 });
+    queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
+    queues.createWorker(
+      'push',
+      createPushDeliveryProcessor(context, fetch, {
+        timeoutMs: config.push.timeoutSeconds * 1000,
+        maxAttempts: config.push.maxAttempts,
+        retryBaseMs: config.push.retryBaseSeconds * 1000,
+        retryMaxMs: config.push.retryMaxSeconds * 1000,
+      }),
+      { concurrency: config.push.concurrency },
+    );
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }

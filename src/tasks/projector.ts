@@ -4,7 +4,8 @@ import type { RunStatus } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
-import { endsStream, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
+import { recordDeliveries } from '../push/delivery-repository.js';
+import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
 import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
 import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';
@@ -34,17 +35,20 @@ const runState = z.object({
   failure_detail: z.record(z.unknown()).nullable(),
 });
 
-export type ProjectionResult = { taskId: string | null; events: number; revision: number };
+export type ProjectionResult = { taskId: string | null; events: number; revision: number; deliveryIds: string[] };
+
+/** What the projector needs to write the push outbox with the journal. */
+export type ProjectionOptions = { push: { deadlineHours: number; maxPendingPerConfig: number; maxPendingTotal: number } };
+
+export const DEFAULT_PROJECTION_OPTIONS: ProjectionOptions = { push: { deadlineHours: 24, maxPendingPerConfig: 1000, maxPendingTotal: 100_000 } };
 
 type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
 
-export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string): Promise<ProjectionResult> {
-  return pool.transaction(async (transaction) => {
-    return projectLocked(transaction, sealer, runId);
-  });
+export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string, options: ProjectionOptions = DEFAULT_PROJECTION_OPTIONS): Promise<ProjectionResult> {
+  return pool.transaction(async (transaction) => projectLocked(transaction, sealer, runId, options));
 }
 
-async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string): Promise<ProjectionResult> {
+async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string, options: ProjectionOptions): Promise<ProjectionResult> {
   {
     // One statement: lock the task row (never the run row), read the run's committed state, and
     // let this commit skip the WAL flush wait: the journal is derived from committed run state and
@@ -56,10 +60,10 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
       FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
       WHERE t.run_id = ${runId} FOR UPDATE OF t`);
-    if (!row) return { taskId: null, events: 0, revision: 0 };
+    if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };
     const task = row;
     const run = { ...row, revision: row.run_revision };
-    if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision };
+    if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision, deliveryIds: [] };
     const outputs = task.has_outputs ? await listRunOutputs(transaction, sealer, runId) : [];
 
 
@@ -136,6 +140,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
       }
     }
 
+    let deliveryIds: string[] = [];
     if (events.length > 0) {
       const rows = events.map((event, index) => {
         const sequence = task.last_sequence + index + 1;
@@ -146,13 +151,24 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
         FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
           AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`);
+      // The push outbox, in the same transaction as the events it delivers.
+      deliveryIds = await recordDeliveries(
+        transaction,
+        task.id,
+        events.map((event, index) => ({
+          sequence: task.last_sequence + index + 1,
+          terminal: event.state !== null && isTerminalState(event.state),
+          coalescible: event.kind === 'status' && event.state !== null && !endsStream(event.state),
+        })),
+        options.push,
+      );
       const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
       await transaction.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${journalNotice(task.id, task.last_sequence + events.length, ends)})`);
     }
     await transaction.query(sql.unsafe`
       UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${task.last_sequence + events.length}, projected_state = ${state}
       WHERE id = ${task.id}`);
-    return { taskId: task.id, events: events.length, revision: run.revision };
+    return { taskId: task.id, events: events.length, revision: run.revision, deliveryIds };
   }
 }
 
@@ -170,6 +186,8 @@ export class ProjectionScheduler {
     private readonly pool: DatabasePool,
     private readonly sealer: Sealer,
     private readonly logger: KeelLogger,
+    private readonly options: ProjectionOptions = DEFAULT_PROJECTION_OPTIONS,
+    private readonly afterProjection: (result: ProjectionResult) => Promise<void> = async () => undefined,
   ) {}
 
   /**
@@ -187,7 +205,7 @@ export class ProjectionScheduler {
       do {
         this.again.delete(runId);
         try {
-          await projectRun(this.pool, this.sealer, runId);
+          await this.afterProjection(await projectRun(this.pool, this.sealer, runId, this.options));
         } catch (error) {
           this.logger.warn({ err: error, runId }, 'projection failed; the sweeper will retry it');
           break;

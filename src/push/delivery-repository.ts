@@ -1,0 +1,176 @@
+import { randomUUID } from 'node:crypto';
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import { allowedFrom } from '../../machines/transitions.js';
+import { deliveryMachine, type DeliveryEvent, type DeliveryState } from '../../machines/delivery.machine.js';
+import { pushConfigMachine, type PushConfigEvent } from '../../machines/push-config.machine.js';
+
+// push_deliveries and push_attempts: the outbox. Every state change is one guarded write whose
+// allowed-from states come from the machines.
+
+const deliveryFrom = (event: DeliveryEvent['type']) => sql.array(allowedFrom(deliveryMachine, event), 'text');
+const configFrom = (event: PushConfigEvent['type']) => sql.array(allowedFrom(pushConfigMachine, event), 'text');
+
+export type NewDeliveryEvent = { sequence: number; terminal: boolean; coalescible: boolean };
+
+/**
+ * One pending delivery per active or paused config of the task for each new journal event, in the
+ * projector's transaction; then the bounds. Returns the new delivery ids (their jobs are added
+ * after the commit).
+ */
+export async function recordDeliveries(
+  db: CommonQueryMethods,
+  taskId: string,
+  events: readonly NewDeliveryEvent[],
+  limits: { deadlineHours: number; maxPendingPerConfig: number; maxPendingTotal: number },
+): Promise<string[]> {
+  if (events.length === 0) return [];
+  const configs = await db.anyFirst(sql.type(z.object({ id: z.string() }))`
+    SELECT id FROM push_configs WHERE task_id = ${taskId} AND deleted_at IS NULL AND state IN ('active', 'paused') ORDER BY id`);
+  if (configs.length === 0) return [];
+  const rows = configs.flatMap((configId) =>
+    events.map((event) => [randomUUID(), taskId, configId, event.sequence, event.terminal, event.coalescible] as const),
+  );
+  await db.query(sql.unsafe`
+    INSERT INTO push_deliveries (id, task_id, config_id, event_sequence, terminal, coalescible, deadline)
+    SELECT id, task_id, config_id, event_sequence, terminal, coalescible, now() + ${sql.interval({ hours: limits.deadlineHours })}
+    FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'uuid', 'text', 'int4', 'bool', 'bool'])}
+      AS t(id, task_id, config_id, event_sequence, terminal, coalescible)
+    ON CONFLICT (task_id, config_id, event_sequence) DO NOTHING`);
+  await enforceBounds(db, taskId, configs, limits);
+  return rows.map((row) => row[0]);
+}
+
+/**
+ * The bounds: over `maxPendingPerConfig` pending deliveries of a config (or `maxPendingTotal`
+ * overall), the oldest pending non-terminal status events are coalesced: each is superseded by a
+ * newer pending status event of the same task, which carries the newer state. Terminal events and
+ * artifacts are never dropped, and the newest status is always kept.
+ */
+async function enforceBounds(
+  db: CommonQueryMethods,
+  taskId: string,
+  configIds: readonly string[],
+  limits: { maxPendingPerConfig: number; maxPendingTotal: number },
+): Promise<void> {
+  for (const configId of configIds) {
+    await db.query(sql.unsafe`
+      WITH pending AS (
+        SELECT count(*) AS n FROM push_deliveries WHERE task_id = ${taskId} AND config_id = ${configId} AND state = 'pending'
+      ), candidates AS (
+        SELECT d.id FROM push_deliveries d
+        WHERE d.task_id = ${taskId} AND d.config_id = ${configId} AND d.state = 'pending' AND d.coalescible
+          AND EXISTS (SELECT 1 FROM push_deliveries newer WHERE newer.task_id = d.task_id AND newer.config_id = d.config_id
+                      AND newer.state = 'pending' AND newer.coalescible AND newer.event_sequence > d.event_sequence)
+        ORDER BY d.event_sequence
+        LIMIT greatest(0, (SELECT n FROM pending) - ${limits.maxPendingPerConfig})
+      )
+      UPDATE push_deliveries SET state = 'superseded', last_outcome = 'coalesced: over the pending bound', ended_at = now(), updated_at = now()
+      WHERE id IN (SELECT id FROM candidates) AND state = ANY(${deliveryFrom('COALESCED')})`);
+  }
+  const total = await db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM push_deliveries WHERE state = 'pending'`);
+  if (total <= limits.maxPendingTotal) return;
+  await db.query(sql.unsafe`
+    WITH candidates AS (
+      SELECT d.id FROM push_deliveries d
+      WHERE d.state = 'pending' AND d.coalescible
+        AND EXISTS (SELECT 1 FROM push_deliveries newer WHERE newer.task_id = d.task_id AND newer.config_id = d.config_id
+                    AND newer.state = 'pending' AND newer.coalescible AND newer.event_sequence > d.event_sequence)
+      ORDER BY d.created_at LIMIT ${total - limits.maxPendingTotal}
+    )
+    UPDATE push_deliveries SET state = 'superseded', last_outcome = 'coalesced: over the total pending bound', ended_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM candidates) AND state = ANY(${deliveryFrom('COALESCED')})`);
+}
+
+export const deliveryRow = z.object({
+  id: z.string(),
+  task_id: z.string(),
+  config_id: z.string(),
+  event_sequence: z.number(),
+  state: z.enum(['pending', 'delivered', 'dead', 'expired', 'cancelled', 'superseded']),
+  attempts: z.number(),
+  next_attempt_at: z.number(),
+  last_outcome: z.string().nullable(),
+  deadline: z.number(),
+  created_at: z.number(),
+  ended_at: z.number().nullable(),
+  // The config, read with the delivery.
+  url: z.string(),
+  config_state: z.enum(['active', 'paused', 'stopped']),
+  deleted_at: z.number().nullable(),
+  auth_scheme: z.string().nullable(),
+  credentials: z.instanceof(Buffer).nullable(),
+  /** Whether an earlier delivery of the same config has not ended yet. */
+  behind: z.boolean(),
+});
+export type DeliveryRow = z.infer<typeof deliveryRow>;
+
+export async function loadDelivery(db: CommonQueryMethods, deliveryId: string): Promise<DeliveryRow | null> {
+  return db.maybeOne(sql.type(deliveryRow)`
+    SELECT d.id, d.task_id, d.config_id, d.event_sequence, d.state, d.attempts, d.next_attempt_at, d.last_outcome, d.deadline,
+      d.created_at, d.ended_at, c.url, c.state AS config_state, c.deleted_at, c.auth_scheme, c.credentials,
+      EXISTS (SELECT 1 FROM push_deliveries e WHERE e.task_id = d.task_id AND e.config_id = d.config_id
+              AND e.state = 'pending' AND e.event_sequence < d.event_sequence) AS behind
+    FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
+    WHERE d.id = ${deliveryId}`);
+}
+
+/** The next pending delivery of a config (its head), if any. */
+export async function headOfConfig(db: CommonQueryMethods, taskId: string, configId: string): Promise<{ id: string; next_attempt_at: number } | null> {
+  return db.maybeOne(sql.type(z.object({ id: z.string(), next_attempt_at: z.number() }))`
+    SELECT id, next_attempt_at FROM push_deliveries
+    WHERE task_id = ${taskId} AND config_id = ${configId} AND state = 'pending'
+    ORDER BY event_sequence LIMIT 1`);
+}
+
+export type AttemptRecord = { attempt: number; startedAt: number; durationMs: number; statusCode: number | null; outcome: string; errorClass: string | null };
+
+export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, record: AttemptRecord): Promise<void> {
+  await db.query(sql.unsafe`
+    INSERT INTO push_attempts (delivery_id, attempt, started_at, duration_ms, status_code, outcome, error_class)
+    VALUES (${deliveryId}, ${record.attempt}, ${sql.timestamp(new Date(record.startedAt))}, ${record.durationMs}, ${record.statusCode},
+      ${record.outcome}, ${record.errorClass})
+    ON CONFLICT (delivery_id, attempt) DO NOTHING`);
+}
+
+/** Counts an attempt before it is made: a worker killed mid-POST still used that attempt. */
+export async function beginAttempt(db: CommonQueryMethods, deliveryId: string): Promise<number | null> {
+  return db.maybeOneFirst(sql.type(z.object({ attempts: z.number() }))`
+    UPDATE push_deliveries SET attempts = attempts + 1, updated_at = now()
+    WHERE id = ${deliveryId} AND state = 'pending' RETURNING attempts`);
+}
+
+export async function transitionDelivery(
+  db: CommonQueryMethods,
+  deliveryId: string,
+  event: DeliveryEvent['type'],
+  outcome: string,
+  options: { retryAt?: number } = {},
+): Promise<boolean> {
+  const to = event === 'RETRY_LATER' ? 'pending' : ({ ACKNOWLEDGED: 'delivered', GIVE_UP: 'dead', DEADLINE_PASSED: 'expired', CONFIG_GONE: 'cancelled', COALESCED: 'superseded' } as const)[event];
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE push_deliveries SET state = ${to}, last_outcome = ${outcome}, updated_at = now(),
+      ${options.retryAt ? sql.fragment`next_attempt_at = ${sql.timestamp(new Date(options.retryAt))},` : sql.fragment``}
+      ended_at = ${to === 'pending' ? null : sql.fragment`now()`}
+    WHERE id = ${deliveryId} AND state = ANY(${deliveryFrom(event)}) RETURNING id`);
+  return row !== null;
+}
+
+/** Cancels every pending delivery of a config (deleted or stopped). */
+export async function cancelPendingOfConfig(db: CommonQueryMethods, taskId: string, configId: string, outcome: string): Promise<number> {
+  return db.oneFirst(sql.type(z.object({ n: z.number() }))`
+    WITH gone AS (
+      UPDATE push_deliveries SET state = 'cancelled', last_outcome = ${outcome}, ended_at = now(), updated_at = now()
+      WHERE task_id = ${taskId} AND config_id = ${configId} AND state = ANY(${deliveryFrom('CONFIG_GONE')}) RETURNING 1)
+    SELECT count(*)::int AS n FROM gone`);
+}
+
+export async function transitionConfig(db: CommonQueryMethods, taskId: string, configId: string, event: PushConfigEvent['type'], reason: string | null): Promise<boolean> {
+  const to = ({ AUTH_FAILED: 'paused', RESUME: 'active', STOP: 'stopped' } as const)[event];
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE push_configs SET state = ${to}, state_reason = ${reason}, updated_at = now()
+    WHERE task_id = ${taskId} AND id = ${configId} AND state = ANY(${configFrom(event)}) RETURNING id`);
+  return row !== null;
+}
+
+export const DELIVERY_END_STATES: readonly DeliveryState[] = ['delivered', 'dead', 'expired', 'cancelled', 'superseded'];

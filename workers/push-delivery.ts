@@ -1,0 +1,176 @@
+import type { Job } from 'bullmq';
+import { sql } from 'slonik';
+import { z } from 'zod';
+import type { GuardedFetch } from '../src/net/guarded-fetch.js';
+import { describeRefusal } from '../src/net/guarded-fetch.js';
+import {
+  beginAttempt,
+  cancelPendingOfConfig,
+  headOfConfig,
+  loadDelivery,
+  recordAttempt,
+  transitionConfig,
+  transitionDelivery,
+  type DeliveryRow,
+} from '../src/push/delivery-repository.js';
+import { pushConfigContext } from '../src/push/push-config-repository.js';
+import { deliveryJobId } from '../src/queue/job-ids.js';
+import type { KeelContext } from '../src/runtime/keel-context.js';
+import { readJournal } from '../src/tasks/journal.js';
+
+// The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
+// or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait),
+// check the deadline, the target (address guard) and load the credential. Then one POST of the bare
+// StreamResponse, classified; every attempt is a row. The next delivery of the config is woken
+// when this one ends.
+
+export type DeliveryOptions = { timeoutMs: number; maxAttempts: number; retryBaseMs: number; retryMaxMs: number };
+
+export type AttemptOutcome =
+  | { kind: 'delivered' }
+  | { kind: 'retry'; afterMs: number }
+  | { kind: 'dead' }
+  | { kind: 'paused' }
+  | { kind: 'stopped' };
+
+const RETRY_STATUSES = new Set([429, 502, 503, 504]);
+
+/** Backoff before retry n (1-based): min(base × 2^(n-1), max), with full jitter in its upper half. */
+export function retryDelayMs(options: DeliveryOptions, attempt: number, retryAfterMs?: number): number {
+  const exponential = Math.min(options.retryMaxMs, options.retryBaseMs * 2 ** Math.max(0, attempt - 1));
+  const jittered = exponential / 2 + Math.random() * (exponential / 2);
+  return Math.min(options.retryMaxMs, Math.max(jittered, retryAfterMs ?? 0));
+}
+
+function retryAfter(header: string | undefined): number | undefined {
+  if (!header) return undefined;
+  if (/^\d+$/.test(header.trim())) return Number(header.trim()) * 1000;
+  const at = Date.parse(header);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
+}
+
+export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions) {
+  const { pool, sealer, queues, logger } = context;
+
+  async function wakeNext(delivery: Pick<DeliveryRow, 'task_id' | 'config_id'>): Promise<void> {
+    const head = await headOfConfig(pool, delivery.task_id, delivery.config_id);
+    if (!head) return;
+    const loaded = await loadDelivery(pool, head.id);
+    await queues.ensureJob('push', deliveryJobId(head.id, loaded?.attempts ?? 0), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
+  }
+
+  async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped'> {
+    const log = logger.child({ deliveryId: delivery.id, taskId: delivery.task_id, configId: delivery.config_id });
+    if (delivery.deleted_at !== null || delivery.config_state === 'stopped') {
+      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, delivery.deleted_at !== null ? 'config deleted' : 'config stopped');
+      return 'skipped';
+    }
+    if (delivery.config_state === 'paused' || delivery.behind) return 'skipped';
+    if (delivery.next_attempt_at > Date.now() + 50) {
+      // Woken early (a wake-up raced a retry): a job of its own for the due time.
+      await queues.ensureJob('push', `${deliveryJobId(delivery.id, delivery.attempts)}-at${delivery.next_attempt_at}`, { deliveryId: delivery.id }, { delayMs: delivery.next_attempt_at - Date.now() });
+      return 'skipped';
+    }
+    if (delivery.deadline < Date.now()) {
+      await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
+      return 'skipped';
+    }
+    const [event] = await readJournal(pool, sealer, delivery.task_id, delivery.event_sequence - 1, 1);
+    if (!event || event.sequence !== delivery.event_sequence) {
+      await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
+      return { kind: 'dead' };
+    }
+    let credentials: string | null = null;
+    if (delivery.credentials) {
+      const opened = sealer.openJson<string>(pushConfigContext(delivery.task_id, delivery.config_id, 'credentials'), delivery.credentials);
+      if (!opened.ok) {
+        await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the credential cannot be opened');
+        return { kind: 'dead' };
+      }
+      credentials = opened.value;
+    }
+
+    const number = await beginAttempt(pool, delivery.id);
+    if (number === null) return 'skipped';
+    const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
+    // Only Authorization, from the config's authentication; the config's `token` is never sent.
+    if (credentials !== null) headers.authorization = `${delivery.auth_scheme ?? 'Bearer'} ${credentials}`;
+    const startedAt = Date.now();
+    const result = await fetch({ url: delivery.url, method: 'POST', headers, body: JSON.stringify(event.response), timeoutMs: options.timeoutMs, maxResponseBytes: 64 * 1024 });
+    const durationMs = Date.now() - startedAt;
+    const record = (outcome: string, statusCode: number | null, errorClass: string | null) =>
+      recordAttempt(pool, delivery.id, { attempt: number, startedAt, durationMs, statusCode, outcome, errorClass });
+
+    if (!result.ok && result.kind === 'refused') {
+      // The target became unacceptable (DNS now points somewhere refused): stop the config.
+      await record('stopped', null, `refused:${result.refusal.reason}`);
+      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', `address guard: ${describeRefusal(result.refusal)}`);
+      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, 'config stopped: address guard refused the target');
+      log.warn({ reason: result.refusal.reason }, 'push target refused at delivery time; config stopped');
+      return { kind: 'stopped' };
+    }
+    const status = result.ok ? result.response.status : null;
+    const errorClass = result.ok ? null : result.failure.class;
+    const retryable = !result.ok || RETRY_STATUSES.has(status!) || (status! >= 300 && status! < 400);
+    if (result.ok && status! >= 200 && status! < 300) {
+      await record('delivered', status, null);
+      await transitionDelivery(pool, delivery.id, 'ACKNOWLEDGED', `delivered: ${status}`);
+      return { kind: 'delivered' };
+    }
+    if (status === 401 || status === 403) {
+      await record('paused', status, null);
+      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'AUTH_FAILED', 'authentication failed');
+      await transitionDelivery(pool, delivery.id, 'RETRY_LATER', `waiting: receiver answered ${status} (authentication failed)`, { retryAt: Date.now() });
+      log.warn({ status }, 'push receiver refused the credential; config paused');
+      return { kind: 'paused' };
+    }
+    if (status === 404 || status === 410) {
+      await record('stopped', status, null);
+      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', `receiver answered ${status}`);
+      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, `config stopped: receiver answered ${status}`);
+      return { kind: 'stopped' };
+    }
+    if (retryable && number < options.maxAttempts) {
+      const afterMs = retryDelayMs(options, number, status === 429 || status === 503 ? retryAfter(result.ok ? result.response.headers['retry-after'] : undefined) : undefined);
+      await record('retry', status, errorClass);
+      await transitionDelivery(pool, delivery.id, 'RETRY_LATER', `retry ${number + 1} after ${status ?? errorClass}`, { retryAt: Date.now() + afterMs });
+      await queues.ensureJob('push', deliveryJobId(delivery.id, number), { deliveryId: delivery.id }, { delayMs: afterMs });
+      return { kind: 'retry', afterMs };
+    }
+    await record('dead', status, errorClass);
+    await transitionDelivery(pool, delivery.id, 'GIVE_UP', retryable ? `dead: ${number} attempts` : `dead: receiver answered ${status}`);
+    return { kind: 'dead' };
+  }
+
+  return async (job: Job<{ deliveryId: string }>): Promise<AttemptOutcome | 'skipped' | 'gone'> => {
+    const delivery = await loadDelivery(pool, job.data.deliveryId);
+    if (!delivery || delivery.state !== 'pending') {
+      if (delivery) await wakeNext(delivery);
+      return 'gone';
+    }
+    const outcome = await attempt(delivery);
+    if (outcome !== 'skipped' && outcome.kind !== 'retry' && outcome.kind !== 'paused') await wakeNext(delivery);
+    else if (outcome === 'skipped') {
+      const after = await loadDelivery(pool, delivery.id);
+      if (after && after.state !== 'pending') await wakeNext(delivery);
+    }
+    return outcome;
+  };
+}
+
+/** Wakes the head delivery of every config that has pending work (sweeper, resume). */
+export async function wakePendingHeads(context: Pick<KeelContext, 'pool' | 'queues'>, filter?: { taskId: string; configId: string }): Promise<number> {
+  const heads = await context.pool.any(sql.type(z.object({ id: z.string(), attempts: z.number(), next_attempt_at: z.number() }))`
+    SELECT DISTINCT ON (d.task_id, d.config_id) d.id, d.attempts, d.next_attempt_at
+    FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
+    WHERE d.state = 'pending' AND (c.state <> 'paused' OR c.deleted_at IS NOT NULL)
+      ${filter ? sql.fragment`AND d.task_id = ${filter.taskId} AND d.config_id = ${filter.configId}` : sql.fragment``}
+    ORDER BY d.task_id, d.config_id, d.event_sequence
+    LIMIT 1000`);
+  let added = 0;
+  for (const head of heads) {
+    const outcome = await context.queues.ensureJob('push', deliveryJobId(head.id, head.attempts), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
+    if (outcome === 'added') added += 1;
+  }
+  return added;
+}
