@@ -1,7 +1,7 @@
 import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
-import { projectionJobId, runJobId } from '../src/queue/job-ids.js';
+import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
@@ -103,6 +103,21 @@ export async function reapExpiredLeases(context: Pick<KeelContext, 'pool' | 'que
   return report;
 }
 
+/**
+ * The poller: every open dependency whose next poll is due is reconciled (with backoff), which
+ * repairs a lost callback; a dependency resolved while its run still waits is handed over again.
+ */
+export async function pollDependencies(context: Pick<KeelContext, 'pool' | 'queues'>): Promise<number> {
+  const due = await context.pool.anyFirst(sql.type(z.object({ id: z.string() }))`
+    SELECT d.id FROM dependencies d
+    WHERE (d.state IN ('pending', 'waiting') AND d.next_poll_at <= now())
+       OR (d.state IN ('resolved', 'failed') AND EXISTS (SELECT 1 FROM runs r WHERE r.id = d.run_id AND r.status = 'waiting_for_dependency'))
+    ORDER BY d.next_poll_at LIMIT ${SWEEP_BATCH}`);
+  let added = 0;
+  for (const id of due) if ((await context.queues.ensureJob('inbox', inboxJobId(id), { dependencyId: id })) === 'added') added += 1;
+  return added;
+}
+
 export function createMaintenanceProcessor(context: KeelContext) {
   const policy: ReaperPolicy = {
     maxRequeues: context.config.runs.maxRequeues,
@@ -117,7 +132,8 @@ export function createMaintenanceProcessor(context: KeelContext) {
         const projections = await sweepProjectionDebts(context);
         // Pending deliveries whose job is missing (a flushed Redis, a lost wake-up): wake each config's head.
         const deliveries = await wakePendingHeads(context);
-        return { ...reaped, ...swept, projections, deliveries };
+        const dependencies = await pollDependencies(context);
+        return { ...reaped, ...swept, projections, deliveries, dependencies };
       }
       case PURGE_JOB: {
         const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);

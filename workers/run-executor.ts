@@ -117,6 +117,7 @@ export function createRunExecutor(
   fetch: GuardedFetch,
   options: ExecutorOptions,
   afterCommit: AfterCommit = () => undefined,
+  onDependencyWait: (dependencyId: string) => void = () => undefined,
 ): RunExecutor {
   const { pool, sealer, logger, workerId } = context;
   const claim = { workerId, leaseMs: options.leaseMs };
@@ -347,7 +348,14 @@ export function createRunExecutor(
       audit.record({
         kind: 'tool_result',
         meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - started },
-        content: result.kind === 'ok' ? { result: result.content } : result.kind === 'error' ? { error: result.message } : { prompt: result.prompt },
+        content:
+          result.kind === 'ok'
+            ? { result: result.content }
+            : result.kind === 'error'
+              ? { error: result.message }
+              : result.kind === 'input_required'
+                ? { prompt: result.prompt }
+                : { dependency: result.dependencyId },
       });
       return result;
     };
@@ -355,10 +363,11 @@ export function createRunExecutor(
     const runTools = async (state: LoopContext, calls: ToolCall[]): Promise<ToolStepResult> => {
       const messages: TranscriptMessage[] = [];
       let pendingInput: Extract<ToolStepResult, { kind: 'input_required' }>['pending'] | null = null;
+      let pendingDependency: Extract<ToolStepResult, { kind: 'dependency' }>['pending'] | null = null;
       for (const call of calls) {
         if (lease.loss) return { kind: 'stop', why: lease.loss };
-        if (pendingInput) {
-          messages.push({ role: 'tool', toolCallId: call.id, name: call.name, content: 'not run: waiting for user input requested by an earlier call' });
+        if (pendingInput || pendingDependency) {
+          messages.push({ role: 'tool', toolCallId: call.id, name: call.name, content: 'not run: an earlier call of this turn is waiting' });
           continue;
         }
         const checked = await checkpoint();
@@ -369,6 +378,10 @@ export function createRunExecutor(
           pendingInput = { toolCallId: call.id, toolName: call.name, prompt: result.prompt, schema: result.schema };
           continue;
         }
+        if (result.kind === 'dependency') {
+          pendingDependency = { toolCallId: call.id, toolName: call.name, dependencyId: result.dependencyId };
+          continue;
+        }
         messages.push({
           role: 'tool',
           toolCallId: call.id,
@@ -377,6 +390,7 @@ export function createRunExecutor(
         });
       }
       void state;
+      if (pendingDependency) return { kind: 'dependency', messages, pending: pendingDependency };
       return pendingInput ? { kind: 'input_required', messages, pending: pendingInput } : { kind: 'done', messages };
     };
 
@@ -485,6 +499,7 @@ export function createRunExecutor(
             });
             afterCommit(runId);
             if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+            if (state.pendingDependency) onDependencyWait(state.pendingDependency.dependencyId);
             return { kind: 'suspended', status: result.status };
           } catch (error) {
             // A suspension that cannot be stored fails the run rather than promise a decision.

@@ -33,7 +33,7 @@ export type AgentRegistry = {
 
 export type BuildRegistryResult = { ok: true; registry: AgentRegistry } | { ok: false; problems: string[] };
 
-/** Tools every agent may list by name; `remote_agent` is added by the remote-agents feature. */
+/** Tools every agent may list by name; `remote_agent` is added by the remote-agents feature (extraTools). */
 export const BUILT_IN_TOOLS: readonly ToolDefinition[] = [httpGetTool];
 
 export type RegistryDeps = {

@@ -5,6 +5,7 @@ import { registerDoctorCommand } from './doctor-command.js';
 import { registerKeysCommands } from './keys-commands.js';
 import { registerMigrateCommand } from './migrate-command.js';
 import { registerPushCommands } from './push-commands.js';
+import { registerRemoteCommands } from './remote-commands.js';
 import { registerRetentionCommands } from './retention-commands.js';
 import { registerRunsCommands } from './runs-commands.js';
 import { registerStartCommand } from './start-command.js';
@@ -22,6 +23,7 @@ export function buildProgram(): Command {
   registerRunsCommands(program, globals);
   registerRetentionCommands(program, globals);
   registerPushCommands(program, globals);
+  registerRemoteCommands(program, globals);
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
   program.commands.forEach((command) => command.exitOverride());

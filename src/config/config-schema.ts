@@ -225,6 +225,13 @@ const runsSchema = z
   })
   .strict();
 
+const inboxSchema = z
+  .object({
+    maxPendingPerRegistration: z.number().int().min(1).max(100_000).default(100),
+    maxPendingTotal: z.number().int().min(1).max(10_000_000).default(10_000),
+  })
+  .strict();
+
 const maintenanceSchema = z
   .object({
     sweepSeconds: z.number().positive().max(3600).default(15),
@@ -237,6 +244,8 @@ const remoteAgentSchema = z
     cardUrl: z.string().url(),
     credentialEnv: z.string().regex(/^[A-Z_][A-Z0-9_]*$/, 'expected an environment variable name').optional(),
     credentialSealed: z.string().min(1).optional(),
+    /** How callbacks are registered with a remote that takes push: in the message, or as a separate config. */
+    registration: z.enum(['embedded', 'separate']).default('embedded'),
   })
   .strict();
 
@@ -267,6 +276,7 @@ export const configSchema = z
     agents: z.array(agentSchema).default(DEFAULT_AGENTS),
     runs: runsSchema.default({}),
     maintenance: maintenanceSchema.default({}),
+    inbox: inboxSchema.default({}),
     remoteAgents: z.array(remoteAgentSchema).default([]),
   })
   .strict();

@@ -88,7 +88,7 @@ export function createScriptedProvider(name: string, steps: readonly ScriptedSte
       return {
         ok: true,
         reply: {
-          text: step.reply ?? null,
+          text: step.reply === undefined ? null : withLastToolResult(step.reply, input.transcript),
           toolCalls: stepToolCalls(step, input.iteration),
           artifacts: stepArtifact(step, input.iteration),
           usage: { inputTokens: 0, outputTokens: step.tokens ?? 0 },
@@ -96,4 +96,11 @@ export function createScriptedProvider(name: string, steps: readonly ScriptedSte
       };
     },
   };
+}
+
+/** `{{tool_result}}` in a scripted reply stands for the content of the transcript's last tool message. */
+function withLastToolResult(reply: string, transcript: ProviderCallInput['transcript']): string {
+  if (!reply.includes('{{tool_result}}')) return reply;
+  const last = [...transcript].reverse().find((message) => message.role === 'tool');
+  return reply.replaceAll('{{tool_result}}', last?.role === 'tool' ? last.content : '');
 }

@@ -13,7 +13,11 @@ import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/m
 import { createRunExecutor } from '../../workers/run-executor.js';
 import { createProjectorProcessor } from '../../workers/projector.js';
 import { createPushDeliveryProcessor } from '../../workers/push-delivery.js';
-import { deliveryJobId } from '../queue/job-ids.js';
+import { deliveryJobId, inboxJobId } from '../queue/job-ids.js';
+import { createInboxReconcileProcessor } from '../../workers/inbox-reconcile.js';
+import { registerInboxRoutes } from '../remote/inbox-routes.js';
+import { createRemoteAgentTool, type RemoteToolDeps } from '../remote/remote-agent-tool.js';
+import { RemoteAgents } from '../remote/remote-agents.js';
 import { A2AService } from '../a2a/a2a-service.js';
 import { registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
@@ -69,7 +73,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // Agents first: a config whose tools, guardrails or providers cannot be built stops start-up
   // before anything else is touched.
   const fetch = createGuardedFetch(config.security.addressGuard);
-  const built = await buildAgentRegistry(config, { fetch, env });
+  let remoteToolDeps: RemoteToolDeps | null = null;
+  const remoteTool = createRemoteAgentTool(config, () => remoteToolDeps);
+  const built = await buildAgentRegistry(config, { fetch, env, extraTools: [remoteTool] });
   if (!built.ok) {
     await fetch.close();
     return { ok: false, stage: 'agents', message: built.problems.join('\n') };
@@ -108,6 +114,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
   };
 
+  const remotes = new RemoteAgents(config.remoteAgents, { fetch, pool: database.pool, sealer: sealing.sealer, logger, env });
+  remoteToolDeps = { pool: database.pool, sealer: sealing.sealer, remotes, config };
+
   // Committed run revisions are projected into the journal right away in this process; the
   // projector queue and the sweeper repair whatever a crash leaves behind.
   const projectionOptions = {
@@ -135,7 +144,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         maxBackoffMs: 60_000,
       },
       (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
+      // A run now waiting on a remote task: reconcile once at once (the remote may be done already).
+      (dependencyId) => void queues.ensureJob('inbox', inboxJobId(dependencyId), { dependencyId }).catch(() => undefined),
     );
+    queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
     queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
     queues.createWorker(
@@ -165,6 +177,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger });
+    registerInboxRoutes(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger });
   }
   let url = '';
   if (options.listen !== false) {

@@ -13,4 +13,6 @@ export const SEALED_COLUMNS: readonly SealedColumn[] = [
   { table: 'a2a_events', column: 'payload', keyColumns: ['task_id', 'sequence'] },
   { table: 'push_configs', column: 'token', keyColumns: ['task_id', 'id'] },
   { table: 'push_configs', column: 'credentials', keyColumns: ['task_id', 'id'] },
+  { table: 'dependencies', column: 'result', keyColumns: ['id'] },
+  { table: 'inbox_callbacks', column: 'body', keyColumns: ['id'] },
 ];

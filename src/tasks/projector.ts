@@ -81,7 +81,11 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
       events.push(status('TASK_STATE_WORKING', run.started_at));
       projected = 'TASK_STATE_WORKING';
     }
-    if (projected === 'TASK_STATE_INPUT_REQUIRED' && state !== 'TASK_STATE_INPUT_REQUIRED' && run.status !== 'queued') {
+    // A waiting run changes revision only by leaving the wait, so a run seen INPUT_REQUIRED again at
+    // a newer revision took its input and asked for more before this projection: the journal still
+    // shows it working in between (and a blocking follow-up sees the new INPUT_REQUIRED).
+    const askedAgain = projected === 'TASK_STATE_INPUT_REQUIRED' && state === 'TASK_STATE_INPUT_REQUIRED';
+    if (projected === 'TASK_STATE_INPUT_REQUIRED' && ((state !== 'TASK_STATE_INPUT_REQUIRED' && run.status !== 'queued') || askedAgain)) {
       events.push(status('TASK_STATE_WORKING', run.status_changed_at));
       projected = 'TASK_STATE_WORKING';
     }

@@ -20,7 +20,9 @@ export type ToolContext = {
 export type ToolResult =
   | { kind: 'ok'; content: unknown }
   | { kind: 'error'; message: string }
-  | { kind: 'input_required'; prompt: string; schema: Record<string, unknown> };
+  | { kind: 'input_required'; prompt: string; schema: Record<string, unknown> }
+  /** The call was handed to a remote agent; the run waits on this dependency. */
+  | { kind: 'dependency'; dependencyId: string };
 
 export type ToolDefinition = {
   name: string;

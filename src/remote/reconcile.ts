@@ -1,0 +1,106 @@
+import { GetTaskRequest } from '@a2a-js/sdk';
+import { sql } from 'slonik';
+import { z } from 'zod';
+import type { KeelContext } from '../runtime/keel-context.js';
+import { enqueueRun } from '../runs/create-agent-run.js';
+import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
+import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
+import type { LoopState } from '../../machines/agent-loop.machine.js';
+import { getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
+import type { RemoteAgents } from './remote-agents.js';
+import { judgeRemoteTask, type SdkTask } from './remote-task.js';
+import { randomBytes } from 'node:crypto';
+
+// Reconciliation: the callback body decides nothing. Keel asks the remote for the task (GetTask,
+// as the agent's owning client) and acts on that answer; resolution is one guarded update and the
+// run resumes through one guarded claim, in the same transaction, so duplicates, late callbacks,
+// a callback racing the poller, or two workers resolve and resume once.
+
+export type ReconcileOutcome = 'resolved' | 'failed' | 'waiting' | 'not_ready' | 'already_done' | 'unreachable';
+
+const PENDING_GIVE_UP_MS = 10 * 60_000;
+
+/** Poll backoff: min(2 s × 2^polls, 5 min). */
+export const pollDelayMs = (polls: number) => Math.min(5 * 60_000, 2000 * 2 ** Math.min(polls, 10));
+
+const runState = z.object({ status: z.string(), revision: z.number(), suspended_state: z.instanceof(Buffer).nullable() });
+
+export async function reconcileDependency(context: Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'>, remotes: RemoteAgents, dependencyId: string): Promise<ReconcileOutcome> {
+  const dependency = await getDependency(context.pool, dependencyId);
+  if (!dependency) return 'already_done';
+  if (dependency.state === 'resolved' || dependency.state === 'failed') {
+    await markCallbacksProcessed(context.pool, dependencyId);
+    return (await resumeIfWaiting(context, dependency)) ? dependency.state : 'already_done';
+  }
+  if (dependency.state === 'pending' || !dependency.remote_task_id) {
+    // A callback before the remote task id is known is kept; it is reconciled once the id is
+    // stored. A message never acknowledged (the sender crashed mid-send) fails after a while.
+    if (Date.now() - dependency.created_at > PENDING_GIVE_UP_MS) {
+      await resolveDependency(context.pool, context.sealer, dependencyId, 'FAILED', 'not_acknowledged', JSON.stringify({ state: 'failed', message: 'the remote agent never acknowledged the message' }));
+      await resumeIfWaiting(context, { ...dependency, state: 'failed', outcome: 'not_acknowledged' });
+      return 'failed';
+    }
+    await schedulePoll(context.pool, dependencyId, 1000);
+    return 'not_ready';
+  }
+  const lookup = await remotes.get(dependency.remote_agent);
+  if (!lookup.ok) {
+    await schedulePoll(context.pool, dependencyId, pollDelayMs(dependency.polls));
+    return 'unreachable';
+  }
+  let task: SdkTask;
+  try {
+    task = (await lookup.remote.client.getTask(GetTaskRequest.fromJSON({ id: dependency.remote_task_id, historyLength: 0 }))) as SdkTask;
+  } catch (error) {
+    context.logger.warn({ err: error, dependencyId }, 'GetTask on the remote failed; polling later');
+    await schedulePoll(context.pool, dependencyId, pollDelayMs(dependency.polls));
+    return 'unreachable';
+  }
+  const verdict = judgeRemoteTask(task);
+  if (verdict.kind === 'waiting') {
+    await schedulePoll(context.pool, dependencyId, pollDelayMs(dependency.polls));
+    await markCallbacksProcessed(context.pool, dependencyId);
+    return 'waiting';
+  }
+  const resolved = await resolveDependency(
+    context.pool,
+    context.sealer,
+    dependencyId,
+    verdict.kind === 'resolved' ? 'RESOLVED' : 'FAILED',
+    verdict.kind === 'resolved' ? 'completed' : verdict.outcome,
+    verdict.result,
+  );
+  await markCallbacksProcessed(context.pool, dependencyId);
+  if (!resolved) return 'already_done';
+  const fresh = await getDependency(context.pool, dependencyId);
+  await resumeIfWaiting(context, fresh ?? dependency, verdict.result);
+  return verdict.kind;
+}
+
+/**
+ * Hands the run its tool result: one guarded claim from waiting_for_dependency, bound to the
+ * revision read. A run not waiting yet (its suspension still committing) is resumed by the
+ * reconcile the executor enqueues right after it suspends.
+ */
+async function resumeIfWaiting(context: Pick<KeelContext, 'pool' | 'sealer' | 'queues'>, dependency: DependencyRow, knownResult?: string): Promise<boolean> {
+  const run = await context.pool.maybeOne(sql.type(runState)`SELECT status, revision, suspended_state FROM runs WHERE id = ${dependency.run_id}`);
+  if (!run || run.status !== 'waiting_for_dependency' || !run.suspended_state) return false;
+  const opened = context.sealer.openJson<LoopState>(suspendedStateContext(dependency.run_id), run.suspended_state);
+  if (!opened.ok || opened.value.pendingDependency?.dependencyId !== dependency.id) return false;
+  let result = knownResult;
+  if (result === undefined) {
+    const row = await context.pool.maybeOneFirst(sql.type(z.object({ result: z.instanceof(Buffer).nullable() }))`SELECT result FROM dependencies WHERE id = ${dependency.id}`);
+    const sealed = row ? context.sealer.openJson<string>({ table: 'dependencies', column: 'result', rowId: dependency.id }, row) : null;
+    result = sealed?.ok ? sealed.value : JSON.stringify({ state: dependency.outcome ?? 'failed' });
+  }
+  const claimed = await claimForResume(
+    context.pool,
+    dependency.run_id,
+    'waiting_for_dependency',
+    { workerId: `${HANDOFF_PREFIX}${randomBytes(8).toString('hex')}`, leaseMs: HANDOFF_LEASE_MS },
+    run.revision,
+    { sealer: context.sealer, state: { ...opened.value, resume: { kind: 'tool_result', toolCallId: dependency.tool_call_id, toolName: dependency.tool_name, content: result } } },
+  );
+  if (claimed) await enqueueRun(context.queues, dependency.run_id);
+  return claimed !== null;
+}

@@ -1,0 +1,43 @@
+// What a remote task means to the run that waits on it: terminal states resolve the dependency,
+// the rest keep it waiting. The result handed to the model is the remote's artifacts as text.
+
+export const REMOTE_DONE = { 3: 'completed', 4: 'failed', 5: 'canceled', 6: 'input_required', 7: 'rejected', 8: 'auth_required' } as const;
+
+type SdkPart = { content?: { $case: string; value: unknown } };
+type SdkTask = { id: string; contextId: string; status?: { state: number; message?: { parts?: SdkPart[] } }; artifacts?: Array<{ name?: string; parts?: SdkPart[] }> };
+
+export type RemoteVerdict =
+  | { kind: 'waiting'; state: number }
+  | { kind: 'resolved'; result: string }
+  | { kind: 'failed'; outcome: string; result: string };
+
+function partsText(parts: SdkPart[] | undefined): string {
+  return (parts ?? [])
+    .map((part) => {
+      const content = part.content;
+      if (!content) return '';
+      if (content.$case === 'text') return String(content.value);
+      if (content.$case === 'data') return JSON.stringify(content.value);
+      if (content.$case === 'url') return `[file at ${String(content.value)}]`;
+      return '[binary file]';
+    })
+    .filter(Boolean)
+    .join('\n');
+}
+
+/** SDK task states are the proto numbers: 1 submitted, 2 working, 3 completed, 4 failed, 5 canceled, 6 input required, 7 rejected, 8 auth required. */
+export function judgeRemoteTask(task: SdkTask): RemoteVerdict {
+  const state = task.status?.state ?? 0;
+  if (state === 3) {
+    const artifacts = (task.artifacts ?? []).map((artifact) => partsText(artifact.parts)).filter(Boolean);
+    const text = artifacts.length > 0 ? artifacts.join('\n') : partsText(task.status?.message?.parts);
+    return { kind: 'resolved', result: JSON.stringify({ state: 'completed', result: text }) };
+  }
+  if (state === 4 || state === 5 || state === 7 || state === 6 || state === 8) {
+    const outcome = REMOTE_DONE[state as keyof typeof REMOTE_DONE];
+    return { kind: 'failed', outcome, result: JSON.stringify({ state: outcome, message: partsText(task.status?.message?.parts) || null }) };
+  }
+  return { kind: 'waiting', state };
+}
+
+export type { SdkTask };
