@@ -90,7 +90,8 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       credentials = opened.value;
     }
 
-    const number = await beginAttempt(pool, delivery.id);
+    // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
+    const number = await beginAttempt(pool, delivery.id, 2 * options.timeoutMs + 1000);
     if (number === null) return 'skipped';
     const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
     // Only Authorization, from the config's authentication; the config's `token` is never sent.
@@ -164,6 +165,8 @@ export async function wakePendingHeads(context: Pick<KeelContext, 'pool' | 'queu
     SELECT DISTINCT ON (d.task_id, d.config_id) d.id, d.attempts, d.next_attempt_at
     FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
     WHERE d.state = 'pending' AND (c.state <> 'paused' OR c.deleted_at IS NOT NULL)
+      -- Not before it is due: a retry waiting for its time, or an attempt in flight (leased), has its job.
+      AND d.next_attempt_at <= now()
       ${filter ? sql.fragment`AND d.task_id = ${filter.taskId} AND d.config_id = ${filter.configId}` : sql.fragment``}
     ORDER BY d.task_id, d.config_id, d.event_sequence
     LIMIT 1000`);

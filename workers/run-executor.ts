@@ -28,6 +28,7 @@ import { appendRunOutputs, outputFromEmission, scrubRunOutputs } from '../src/ru
 import {
   claimQueuedRun,
   markNonIdempotentCall,
+  releaseRun,
   queuedRequestContext,
   settleRun,
   suspendRun,
@@ -36,6 +37,7 @@ import {
   type RunTotals,
 } from '../src/runs/run-repository.js';
 import { runRequestSchema } from '../src/runs/run-request.js';
+import { runJobId } from '../src/queue/job-ids.js';
 import type { RunRow } from '../src/runs/run-row.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
@@ -67,6 +69,11 @@ export type AfterCommit = (runId: string, settleSoon?: boolean) => void;
 
 export type RunExecutor = {
   execute: (runId: string) => Promise<ExecutionReport>;
+  /**
+   * Graceful shutdown: waits up to `graceMs` for runs in flight, then releases the rest (back to
+   * QUEUED for another worker, without counting a requeue).
+   */
+  drain: (graceMs: number) => Promise<{ finished: number; released: number }>;
   processor: (job: Job<{ runId: string }>) => Promise<ExecutionReport>;
 };
 
@@ -148,7 +155,24 @@ export function createRunExecutor(
     return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
   }
 
+  type Slot = { lease: LeaseKeeper | null; done: Promise<void> };
+  const inFlight = new Map<string, Slot>();
+  let draining = false;
+
   async function execute(runId: string): Promise<ExecutionReport> {
+    if (draining) return { kind: 'skipped' };
+    let finish: () => void = () => undefined;
+    const slot: Slot = { lease: null, done: new Promise<void>((resolve) => (finish = resolve)) };
+    inFlight.set(runId, slot);
+    try {
+      return await executeClaimed(runId, slot);
+    } finally {
+      inFlight.delete(runId);
+      finish();
+    }
+  }
+
+  async function executeClaimed(runId: string, slot: Slot): Promise<ExecutionReport> {
     const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
     if (!run) return { kind: 'skipped' };
     afterCommit(runId, true);
@@ -177,6 +201,7 @@ export function createRunExecutor(
     }
     const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
     lease.start();
+    slot.lease = lease;
     let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);
     if (appliedProvider < 0) appliedProvider = 0;
 
@@ -432,6 +457,10 @@ export function createRunExecutor(
       switch (result.kind) {
         case 'stop':
           await audit.flush(pool);
+          if (lease.released && (await releaseRun(pool, runId, workerId))) {
+            afterCommit(runId);
+            await context.queues.addJob('runs', runJobId(runId, run!.requeue_count), { runId }).catch(() => undefined);
+          }
           return { kind: 'stopped', why: result.why };
         case 'complete': {
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
@@ -514,8 +543,20 @@ export function createRunExecutor(
     }
   }
 
+  async function drain(graceMs: number): Promise<{ finished: number; released: number }> {
+    draining = true;
+    const before = inFlight.size;
+    const all = Promise.all([...inFlight.values()].map((entry) => entry.done));
+    await Promise.race([all, new Promise((resolve) => setTimeout(resolve, graceMs).unref())]);
+    const remaining = [...inFlight.values()];
+    for (const entry of remaining) entry.lease?.release();
+    await Promise.all(remaining.map((entry) => entry.done));
+    return { finished: before - remaining.length, released: remaining.length };
+  }
+
   return {
     execute,
+    drain,
     processor: (job) => execute(job.data.runId),
   };
 }

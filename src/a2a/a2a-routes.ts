@@ -213,7 +213,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         return streamToSse(
           request,
           reply,
-          (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : {}) }),
+          (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
           (item) => ({ jsonrpc: '2.0', id, result: item.response }),
           guard.activated,
         );
@@ -333,7 +333,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         return streamToSse(
           request,
           reply,
-          (signal) => service.stream(caller, accepted.value.taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : {}) }),
+          (signal) => service.stream(caller, accepted.value.taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
           (item) => item.response,
           guard.activated,
         );

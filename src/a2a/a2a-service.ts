@@ -61,6 +61,8 @@ export type A2AServiceDeps = {
   logger: KeelLogger;
   /** Tests point the guard at a resolver of their own. */
   resolver?: Resolver;
+  /** Aborted at shutdown: open streams end (a client resumes elsewhere with Last-Event-ID). */
+  shutdown?: AbortSignal;
 };
 
 export type SendResult = { task: Task } | { message: Message };
@@ -319,17 +321,22 @@ export class A2AService {
    * A subscription (`subscription: true`) to a task that is interrupted right now stays open: the
    * stream closes when the task next *reaches* a terminal or interrupted state (specification
    * 3.1.6: SubscribeToTask "can be used with any task that is not in a terminal state").
+   * The stream of the SendStreamingMessage that created the task (`fromCreation: true`) starts from
+   * the task as it was created (SUBMITTED) and replays the whole journal, however fast the run was,
+   * so every such stream shows the same lifecycle; a direct Message answer that is already there is
+   * sent alone.
    */
   async *stream(
     caller: Caller,
     taskId: string,
-    options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean; subscription?: boolean },
+    options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean; subscription?: boolean; fromCreation?: boolean },
   ): AsyncGenerator<StreamItem> {
     const { pool, sealer, listener } = this.deps;
     let wake: () => void = () => undefined;
     const unsubscribe = listener.subscribe(taskId, () => wake());
     const onAbort = () => wake();
     options.signal.addEventListener('abort', onAbort, { once: true });
+    this.deps.shutdown?.addEventListener('abort', onAbort, { once: true });
     try {
       let cursor = options.lastEventId ?? 0;
       if (options.withSnapshot && options.lastEventId === undefined) {
@@ -347,10 +354,22 @@ export class A2AService {
             return;
           }
         }
-        yield { id: cursor, response: { task } };
-        if (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription)) return;
+        if (options.fromCreation) {
+          const created: Task = {
+            id: task.id,
+            contextId: task.contextId,
+            status: { state: 'TASK_STATE_SUBMITTED', timestamp: isoTime(row.created_at) },
+            ...(task.history?.length ? { history: task.history.slice(0, 1) } : {}),
+            ...(task.metadata ? { metadata: task.metadata } : {}),
+          };
+          yield { id: 0, response: { task: created } };
+          cursor = 0;
+        } else {
+          yield { id: cursor, response: { task } };
+          if (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription)) return;
+        }
       }
-      while (!options.signal.aborted) {
+      while (!options.signal.aborted && !this.deps.shutdown?.aborted) {
         const woken = new Promise<void>((resolve) => (wake = resolve));
         const events = await readJournal(pool, sealer, taskId, cursor);
         for (const event of events) {
@@ -363,6 +382,7 @@ export class A2AService {
       }
     } finally {
       options.signal.removeEventListener('abort', onAbort);
+      this.deps.shutdown?.removeEventListener('abort', onAbort);
       unsubscribe();
     }
   }

@@ -9,11 +9,13 @@ export function registerStartCommand(program: Command, globals: () => GlobalOpti
   program
     .command('start')
     .description('start Keel: migrate, then serve HTTP and run the workers (embedded Postgres without database.url)')
-    .action(async () => {
+    .option('--role <role>', 'all (default), api (HTTP and streams only) or worker (queues only)', 'all')
+    .action(async (options: { role: string }) => {
+      if (!['all', 'api', 'worker'].includes(options.role)) throw new CliExit(EXIT.usage, '--role must be all, api or worker');
       const config = loadConfigOrExit(globals());
       const logger = createLogger();
       const startedAt = Date.now();
-      const result = await startKeel(config, logger);
+      const result = await startKeel(config, logger, { role: options.role as 'all' | 'api' | 'worker' });
       if (!result.ok) throw new CliExit(STAGE_EXIT[result.stage] ?? EXIT.failure, `start failed (${result.stage}): ${result.message}`);
       const { keel } = result;
       logger.info(
@@ -21,6 +23,7 @@ export function registerStartCommand(program: Command, globals: () => GlobalOpti
           url: keel.url,
           database: config.database.url ? 'external' : 'embedded',
           queue: keel.context.queues.backend.kind,
+          role: keel.role,
           config: config.source ?? '(defaults)',
           readyMs: Date.now() - startedAt,
         },

@@ -222,6 +222,7 @@ const runsSchema = z
     requeueMaxSeconds: z.number().min(0).max(86_400).default(600),
     providerAttempts: z.number().int().min(1).max(10).default(2),
     providerBackoffMs: z.number().int().min(0).max(60_000).default(500),
+    shutdownGraceSeconds: z.number().min(0).max(3600).default(10),
   })
   .strict();
 

@@ -19,6 +19,8 @@ export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: options.bodyLimitBytes,
     return503OnClosing: true,
+    // At shutdown idle keep-alive connections are closed at once; streams end on their own.
+    forceCloseConnections: 'idle',
   });
 
   app.get('/healthz', async () => ({ status: 'ok' }));

@@ -133,11 +133,17 @@ export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, 
     ON CONFLICT (delivery_id, attempt) DO NOTHING`);
 }
 
-/** Counts an attempt before it is made: a worker killed mid-POST still used that attempt. */
-export async function beginAttempt(db: CommonQueryMethods, deliveryId: string): Promise<number | null> {
+/**
+ * Counts an attempt before it is made (a worker killed mid-POST still used that attempt) and leases
+ * the delivery for `leaseMs`: only a due delivery can begin, so a second wake-up (the sweeper, a
+ * stalled job run again) never starts a second request while one is in flight. The attempt's
+ * outcome replaces the lease; a worker that died leaves it to expire, and the delivery is retried.
+ */
+export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<number | null> {
   return db.maybeOneFirst(sql.type(z.object({ attempts: z.number() }))`
-    UPDATE push_deliveries SET attempts = attempts + 1, updated_at = now()
-    WHERE id = ${deliveryId} AND state = 'pending' RETURNING attempts`);
+    UPDATE push_deliveries SET attempts = attempts + 1, updated_at = now(),
+      next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
+    WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds' RETURNING attempts`);
 }
 
 export async function transitionDelivery(

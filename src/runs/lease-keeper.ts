@@ -40,6 +40,16 @@ export class LeaseKeeper {
     return this.lost;
   }
 
+  /** Shutdown: the worker gives the run back; the in-flight step is aborted and nothing is settled. */
+  release(): void {
+    if (this.lost) return;
+    this.lost = 'lease_lost';
+    this.released = true;
+    this.abort.abort();
+  }
+
+  released = false;
+
   /** A step boundary: renews unless a renewal (or the claim) just happened. */
   async checkpoint(): Promise<LeaseLoss | null> {
     if (this.lost) return this.lost;

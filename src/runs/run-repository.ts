@@ -240,6 +240,18 @@ export async function requeueRun(db: Db, runId: string, delayMs: number): Promis
     RETURNING *`);
 }
 
+/**
+ * A worker shutting down gives a run back: RUNNING → QUEUED at once, by its owner, without
+ * counting a requeue (nothing went wrong). A run inside a non-idempotent call is not released.
+ */
+export async function releaseRun(db: Db, runId: string, workerId: string): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, lease_expires_at = NULL, available_at = now(),
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND claimed_by = ${workerId} AND inside_non_idempotent_call IS NULL
+    RETURNING *`);
+}
+
 /** RUNNING with an expired lease → FAILED (`retries_exhausted`), never retried again. */
 export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`

@@ -32,6 +32,7 @@ import { openDatabase, type DatabaseHandle } from './open-database.js';
 const CLAIM_COALESCE_MS = 40;
 
 export type KeelInstance = {
+  role: 'all' | 'api' | 'worker';
   context: KeelContext;
   projector: ProjectionScheduler;
   listener: JournalListener;
@@ -131,8 +132,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   if (listening) return fail('database', `cannot LISTEN for journal notifications: ${listening.message}`);
   cleanup.push(() => listener.stop());
 
+  const shutdown = new AbortController();
+  let executor: ReturnType<typeof createRunExecutor> | null = null;
   if (role !== 'api') {
-    const executor = createRunExecutor(
+    executor = createRunExecutor(
       context,
       registry,
       fetch,
@@ -174,7 +177,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   });
   cleanup.push(() => http.close());
   if (role !== 'worker') {
-    const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger });
+    const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger, shutdown: shutdown.signal });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger });
     registerInboxRoutes(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger });
@@ -196,8 +199,16 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const stop = () => {
     // Order matters: stop taking requests, let workers finish, then close queues, pool, database.
     stopping ??= (async () => {
+      // Stop taking work: streams end (clients resume elsewhere), no new requests, no new jobs.
+      shutdown.abort();
+      const closing = http.close().catch(() => undefined);
+      // Runs in flight may finish within the grace period; the rest go back to the queue.
+      if (executor) {
+        const drained = await executor.drain(config.runs.shutdownGraceSeconds * 1000);
+        if (drained.released > 0) logger.info(drained, 'released runs still in flight at shutdown');
+      }
+      await closing;
       await listener.stop().catch(() => undefined);
-      await http.close().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);
       await fetch.close().catch(() => undefined);
@@ -205,5 +216,5 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     })();
     return stopping;
   };
-  return { ok: true, keel: { context, registry, fetch, http, url, stop, projector, listener } };
+  return { ok: true, keel: { context, registry, fetch, http, url, stop, projector, listener, role } };
 }

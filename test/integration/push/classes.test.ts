@@ -220,12 +220,14 @@ describe('retried', () => {
     const first = rows[0]!;
     expect(first).toMatchObject({ state: 'delivered', attempts: 3 });
     const attempts = await attemptsOf(pool(), first.id);
-    console.log('TIMEOUT', attempts, receiver.requests.map((r) => [r.at, r.aborted]));
     expect(attempts.map((a) => [a.status_code, a.error_class, a.outcome])).toEqual([
       [null, 'timeout', 'retry'],
       [null, 'timeout', 'retry'],
       [200, null, 'delivered'],
     ]);
+    // One request at a time: an attempt starts only after the previous one ended.
+    for (let i = 1; i < attempts.length; i += 1) expect(attempts[i]!.started_at).toBeGreaterThanOrEqual(attempts[i - 1]!.started_at + attempts[i - 1]!.duration_ms);
+    expect(receiver.maxInFlight()).toBe(1);
     for (const attempt of attempts.slice(0, 2)) {
       expect(attempt.duration_ms).toBeGreaterThanOrEqual(450);
       expect(attempt.duration_ms).toBeLessThan(2000);
@@ -239,10 +241,13 @@ describe('retried', () => {
     const url = closed.url;
     await closed.close();
     const { taskId } = await sendWithPush(keel.url, token, 'echo', 'nobody home', { id: 'closed', url });
-    const rows = await waitForSettled(pool(), taskId);
-    expect(rows[0]).toMatchObject({ state: 'dead', attempts: 8 });
+    await waitForTerminalEvent(pool(), taskId);
+    const rows = await waitFor(async () => {
+      const all = await deliveriesOf(pool(), taskId);
+      return all[0]?.state === 'dead' ? all : null;
+    }, 'the first delivery to die');
+    expect(rows[0]).toMatchObject({ state: 'dead', attempts: 8, last_outcome: 'dead: 8 attempts' });
     const attempts = await attemptsOf(pool(), rows[0]!.id);
-    console.log('CONN', attempts);
     expect(attempts).toHaveLength(8);
     expect(attempts.every((a) => a.status_code === null && a.error_class === 'connection')).toBe(true);
   });

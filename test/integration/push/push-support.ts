@@ -46,6 +46,8 @@ export type Received = {
   deliveryId: string;
   /** Whether the connection closed before this receiver answered (a killed sender, a timeout). */
   aborted: boolean;
+  /** Date.now() when the answer was sent or the connection closed unanswered (null while in flight). */
+  endedAt: number | null;
 };
 
 /** What a receiver does with one request: answer (after an optional delay) or never answer. */
@@ -95,6 +97,7 @@ export async function startReceiver(responder: Responder = () => OK, path = '/ho
         body,
         deliveryId: String(request.headers['x-keel-delivery-id'] ?? ''),
         aborted: false,
+        endedAt: null,
       };
       requests.push(received);
       inFlight += 1;
@@ -103,6 +106,7 @@ export async function startReceiver(responder: Responder = () => OK, path = '/ho
       const finish = () => {
         if (done) return;
         done = true;
+        received.endedAt = Date.now();
         inFlight -= 1;
       };
       response.on('close', () => {
