@@ -4,7 +4,7 @@ import type { KeelConfig } from '../config/load-config.js';
 import type { Guardrail } from '../guardrails/guardrail.js';
 import { loadGuardrails } from '../guardrails/load-guardrails.js';
 import type { GuardedFetch } from '../net/guarded-fetch.js';
-import { resolveCeilings, type Ceilings } from '../privacy/resolve-ceilings.js';
+import { answerIsRetainable, resolveCeilings, type Ceilings } from '../privacy/resolve-ceilings.js';
 import { createProvider } from '../providers/create-provider.js';
 import type { Provider } from '../providers/provider.js';
 import { httpGetTool } from '../tools/http-get-tool.js';
@@ -99,4 +99,11 @@ export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps)
   if (problems.length > 0) return { ok: false, problems };
   const defaultAgentId = config.agents[0]!.id;
   return { ok: true, registry: { agents, defaultAgentId, get: (id) => agents.get(id) } };
+}
+
+/** Agents whose primary answer ceiling keeps no result: A2A refuses them before any task exists. */
+export function unretainableAgents(registry: AgentRegistry): string[] {
+  return [...registry.agents.values()]
+    .filter((agent) => agent.chain[0] && !answerIsRetainable(agent.chain[0].ceilings.answerLevel))
+    .map((agent) => agent.config.id);
 }

@@ -1,5 +1,8 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load-config.js';
+import { buildAgentRegistry, unretainableAgents } from '../agents/agent-registry.js';
+import { createGuardedFetch } from '../net/guarded-fetch.js';
+import { createRemoteAgentTool } from '../remote/remote-agent-tool.js';
 import { readMigrations } from '../db/migrate.js';
 import { pingDatabase } from '../db/pool.js';
 import { KeelQueues } from '../queue/keel-queues.js';
@@ -34,7 +37,19 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
         return report(EXIT.config);
       }
       const config = loaded.config;
-      checks.push({ name: 'config', ok: true, detail: `${config.source ?? 'defaults (no config file)'}; ${config.agents.length} agent(s)` });
+      const fetch = createGuardedFetch(config.security.addressGuard);
+      const registry = await buildAgentRegistry(config, { fetch, extraTools: [createRemoteAgentTool(config, () => null)] });
+      await fetch.close();
+      if (!registry.ok) {
+        checks.push({ name: 'config', ok: false, detail: registry.problems.join('; ') });
+        return report(EXIT.config);
+      }
+      const refused = unretainableAgents(registry.registry);
+      checks.push({
+        name: 'config',
+        ok: true,
+        detail: `${config.source ?? 'defaults (no config file)'}; ${config.agents.length} agent(s)${refused.length ? `; refused by A2A (RESULT_NOT_RETAINABLE, answer level metadata or none): ${refused.join(', ')}` : ''}`,
+      });
 
       const logger = commandLogger();
       const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 2, applicationName: 'keel-doctor' });

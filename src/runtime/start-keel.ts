@@ -23,7 +23,7 @@ import { registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/projector.js';
-import { buildAgentRegistry, type AgentRegistry } from '../agents/agent-registry.js';
+import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import type { KeelContext } from './keel-context.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
@@ -82,6 +82,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     return { ok: false, stage: 'agents', message: built.problems.join('\n') };
   }
   const registry = built.registry;
+  for (const name of unretainableAgents(registry)) {
+    logger.warn({ agent: name }, 'agent keeps no result under the privacy policy (answer level metadata or none): A2A requests to it are refused with RESULT_NOT_RETAINABLE');
+  }
   const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel' });
   if (!opened.ok) return { ok: false, stage: 'database', message: opened.message };
   const database: DatabaseHandle = opened.database;
