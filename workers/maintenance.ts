@@ -106,12 +106,19 @@ export async function reapExpiredLeases(context: Pick<KeelContext, 'pool' | 'que
 /**
  * The poller: every open dependency whose next poll is due is reconciled (with backoff), which
  * repairs a lost callback; a dependency resolved while its run still waits is handed over again.
+ * A callback whose wake-up found the dependency's reconcile job still active enqueued nothing: an
+ * unprocessed callback of a resolved or failed dependency, or of an open one stored around or after
+ * its last reconcile (the slack covers a row that committed after that reconcile looked), is
+ * reconciled too, so none stays unprocessed and a completion push is not left to the backoff.
  */
 export async function pollDependencies(context: Pick<KeelContext, 'pool' | 'queues'>): Promise<number> {
   const due = await context.pool.anyFirst(sql.type(z.object({ id: z.string() }))`
     SELECT d.id FROM dependencies d
     WHERE (d.state IN ('pending', 'waiting') AND d.next_poll_at <= now())
        OR (d.state IN ('resolved', 'failed') AND EXISTS (SELECT 1 FROM runs r WHERE r.id = d.run_id AND r.status = 'waiting_for_dependency'))
+       OR EXISTS (SELECT 1 FROM inbox_callbacks c JOIN inbox_registrations g ON g.id = c.registration_id
+                  WHERE g.dependency_id = d.id AND c.processed_at IS NULL
+                    AND (d.state IN ('resolved', 'failed') OR c.received_at > d.updated_at - interval '5 seconds'))
     ORDER BY d.next_poll_at LIMIT ${SWEEP_BATCH}`);
   let added = 0;
   for (const id of due) if ((await context.queues.ensureJob('inbox', inboxJobId(id), { dependencyId: id })) === 'added') added += 1;

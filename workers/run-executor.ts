@@ -200,6 +200,8 @@ export function createRunExecutor(
       audit.record({ kind: 'input_received', meta: { tool: rebuilt.state.pendingInput?.toolName ?? null }, content: { value: resume.value } });
     }
     const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
+    // A long step (a slow provider call) does not hold the audit trail back past one heartbeat.
+    lease.onBeat = () => void audit.flushIfDue(pool, options.heartbeatMs);
     lease.start();
     slot.lease = lease;
     let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);

@@ -19,6 +19,8 @@ import {
   getTaskParamsSchema,
   listPushConfigsParamsSchema,
   listTasksParamsSchema,
+  MAX_JSON_DEPTH,
+  nestsDeeperThan,
   sendMessageParamsSchema,
   subscribeParamsSchema,
 } from './wire.js';
@@ -73,9 +75,33 @@ function envelopeId(body: unknown): string | number | null {
 
 /** A parse of zod params into the service's input, or an invalid-params error naming each field. */
 function parse<S extends z.ZodTypeAny>(schema: S, value: unknown): Result<z.output<S>> {
+  if (nestsDeeperThan(value, MAX_JSON_DEPTH)) return { ok: false, error: invalidParams([{ path: [], message: `nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels` }]) };
   const parsed = schema.safeParse(withJsonNames(value ?? {}));
   return parsed.success ? { ok: true, value: parsed.data } : { ok: false, error: invalidParams(parsed.error.issues) };
 }
+
+/**
+ * The HTTP+JSON operation path under /a2a/<agent> as the client sent it, still percent-encoded.
+ * Fastify's wildcard param is decoded already, so decoding its ids again read "%2541" as "A" and
+ * threw on "%25" followed by no hex digits (a 500); it also turned an encoded "/" or ":" in an id
+ * into a separator. Matching the raw path and decoding each id once (pathSegment) avoids all three.
+ */
+function operationPath(url: string): string {
+  const path = url.split('?')[0]!;
+  const slash = path.indexOf('/', '/a2a/'.length);
+  return slash === -1 ? '/' : path.slice(slash);
+}
+
+/** One percent-encoded path segment decoded, or null when its encoding is not valid UTF-8. */
+function pathSegment(raw: string): string | null {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    return null;
+  }
+}
+
+const badSegment = (field: string) => invalidParams([{ path: [field], message: 'the path segment is not valid percent-encoded UTF-8' }]);
 
 export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): void {
   const { service, registry, authenticator, config, logger } = deps;
@@ -311,7 +337,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
     method: ['GET', 'POST', 'DELETE', 'PUT', 'PATCH'],
     url: '/a2a/:agent/*',
     handler: async (request, reply) => {
-      const path = `/${request.params['*']}`;
+      const path = operationPath(request.url);
       const method = request.method;
       const guard = await gate(request, request.params.agent);
       if (!guard.ok) return restFail(reply, guard.error);
@@ -349,11 +375,14 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
       }
       if ((match = /^\/tasks\/([^/:]+):cancel$/.exec(path))) {
         if (method !== 'POST') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported; use POST`, { httpStatus: 405 }));
-        return restAnswer(reply, await service.cancelTask(caller, decodeURIComponent(match[1]!)));
+        const taskId = pathSegment(match[1]!);
+        if (taskId === null) return restFail(reply, badSegment('id'));
+        return restAnswer(reply, await service.cancelTask(caller, taskId));
       }
       if ((match = /^\/tasks\/([^/:]+):subscribe$/.exec(path))) {
         if (method !== 'POST' && method !== 'GET') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported; use POST or GET`, { httpStatus: 405 }));
-        const taskId = decodeURIComponent(match[1]!);
+        const taskId = pathSegment(match[1]!);
+        if (taskId === null) return restFail(reply, badSegment('id'));
         const check = await service.checkSubscribable(caller, taskId);
         if (!check.ok) return restFail(reply, check.error);
         const resumeAfter = lastEventId(request);
@@ -366,7 +395,8 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         );
       }
       if ((match = /^\/tasks\/([^/:]+)\/pushNotificationConfigs$/.exec(path))) {
-        const taskId = decodeURIComponent(match[1]!);
+        const taskId = pathSegment(match[1]!);
+        if (taskId === null) return restFail(reply, badSegment('taskId'));
         if (method === 'POST') {
           const raw = body();
           if (!raw.ok) return restFail(reply, raw.error);
@@ -382,14 +412,18 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
       if ((match = /^\/tasks\/([^/:]+)\/pushNotificationConfigs\/([^/]+)$/.exec(path))) {
         if (method !== 'GET' && method !== 'DELETE') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported`, { httpStatus: 405 }));
         // Through the params schema like JSON-RPC, so both bindings refuse the same ids.
-        const input = parse(getPushConfigParamsSchema, { taskId: decodeURIComponent(match[1]!), id: decodeURIComponent(match[2]!) });
+        const [taskId, id] = [pathSegment(match[1]!), pathSegment(match[2]!)];
+        if (taskId === null || id === null) return restFail(reply, badSegment(taskId === null ? 'taskId' : 'id'));
+        const input = parse(getPushConfigParamsSchema, { taskId, id });
         if (!input.ok) return restFail(reply, input.error);
-        const { taskId, id } = input.value;
-        return restAnswer(reply, method === 'GET' ? await service.getPushConfig(caller, taskId, id) : await service.deletePushConfig(caller, taskId, id));
+        const { value } = input;
+        return restAnswer(reply, method === 'GET' ? await service.getPushConfig(caller, value.taskId, value.id) : await service.deletePushConfig(caller, value.taskId, value.id));
       }
       if ((match = /^\/tasks\/([^/:]+)$/.exec(path))) {
         if (method !== 'GET') return restFail(reply, A2AErrors.methodNotFound(`${method} ${path} is not supported; use GET`, { httpStatus: 405 }));
-        const input = parse(getTaskParamsSchema, { ...queryParams(request), id: decodeURIComponent(match[1]!) });
+        const id = pathSegment(match[1]!);
+        if (id === null) return restFail(reply, badSegment('id'));
+        const input = parse(getTaskParamsSchema, { ...queryParams(request), id });
         return input.ok ? restAnswer(reply, await service.getTask(caller, input.value.id, input.value.historyLength)) : restFail(reply, input.error);
       }
       return restFail(reply, A2AErrors.methodNotFound(`no A2A operation at ${method} ${path}`));

@@ -34,6 +34,24 @@ const storableJson = (value: unknown): boolean =>
         ? Object.entries(value).every(([key, item]) => STORABLE.test(key) && storableJson(item))
         : true;
 
+// How deep a request (or an inbox callback) may nest arrays and objects: the default recursion
+// limit of protobuf's JSON parsers. Everything past the edge walks values recursively (ProtoJSON
+// names, the checks above, JSON.stringify when sealing), and a body of 10,000 levels, a few dozen
+// kilobytes, overflowed the stack there: a 500 instead of an invalid-params error.
+export const MAX_JSON_DEPTH = 100;
+
+/** Whether a parsed JSON value nests arrays and objects deeper than `max`; iterative, so any depth is safe to ask about. */
+export function nestsDeeperThan(value: unknown, max: number): boolean {
+  const pending: Array<[unknown, number]> = [[value, 0]];
+  while (pending.length > 0) {
+    const [item, depth] = pending.pop()!;
+    if (typeof item !== 'object' || item === null) continue;
+    if (depth >= max) return true;
+    for (const child of Array.isArray(item) ? item : Object.values(item)) pending.push([child, depth + 1]);
+  }
+  return false;
+}
+
 const metadata = z.record(z.unknown()).refine(storableJson, `metadata keys and strings ${STORABLE_MESSAGE}`);
 const nonEmpty = storable().min(1).max(1024);
 

@@ -1,4 +1,5 @@
 import { Command, CommanderError } from 'commander';
+import { registerAdminCommands } from './admin-commands.js';
 import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
 import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
@@ -26,6 +27,7 @@ export function buildProgram(): Command {
   registerRemoteCommands(program, globals);
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
+  registerAdminCommands(program, globals);
   program.commands.forEach((command) => command.exitOverride());
   return program;
 }

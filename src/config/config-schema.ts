@@ -233,6 +233,13 @@ const inboxSchema = z
   })
   .strict();
 
+const metricsSchema = z
+  .object({
+    /** When set, GET /metrics needs `Authorization: Bearer <token>`; without it /metrics is open. */
+    token: z.string().min(16, 'a metrics token has at least 16 characters').optional(),
+  })
+  .strict();
+
 const maintenanceSchema = z
   .object({
     sweepSeconds: z.number().positive().max(3600).default(15),
@@ -278,6 +285,7 @@ export const configSchema = z
     runs: runsSchema.default({}),
     maintenance: maintenanceSchema.default({}),
     inbox: inboxSchema.default({}),
+    metrics: metricsSchema.default({}),
     remoteAgents: z.array(remoteAgentSchema).default([]),
   })
   .strict();

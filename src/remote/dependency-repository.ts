@@ -97,10 +97,26 @@ export async function schedulePoll(db: CommonQueryMethods, id: string, delayMs: 
     WHERE id = ${id} AND state IN ('pending', 'waiting')`);
 }
 
-export async function markCallbacksProcessed(db: CommonQueryMethods, dependencyId: string): Promise<void> {
-  await db.query(sql.unsafe`
-    UPDATE inbox_callbacks SET processed_at = now()
-    WHERE processed_at IS NULL AND registration_id IN (SELECT id FROM inbox_registrations WHERE dependency_id = ${dependencyId})`);
+/**
+ * Marks the dependency's callbacks processed: all of them, or only those received up to `upTo` (the
+ * ones a GetTask sent after that instant has answered). Returns how many stay unprocessed.
+ */
+export async function markCallbacksProcessed(db: CommonQueryMethods, dependencyId: string, upTo?: string): Promise<number> {
+  return db.oneFirst(sql.type(z.object({ later: z.number() }))`
+    WITH mine AS (
+      SELECT c.id, c.received_at FROM inbox_callbacks c JOIN inbox_registrations g ON g.id = c.registration_id
+      WHERE g.dependency_id = ${dependencyId} AND c.processed_at IS NULL
+    ), marked AS (
+      UPDATE inbox_callbacks SET processed_at = now()
+      WHERE id IN (SELECT id FROM mine ${upTo === undefined ? sql.fragment`` : sql.fragment`WHERE received_at <= ${upTo}::timestamptz`}) AND processed_at IS NULL
+      RETURNING id
+    )
+    SELECT (count(*) - (SELECT count(*) FROM marked))::int AS later FROM mine`);
+}
+
+/** The database's clock now, as text that keeps its microseconds (compared with received_at). */
+export async function databaseNow(db: CommonQueryMethods): Promise<string> {
+  return db.oneFirst(sql.type(z.object({ at: z.string() }))`SELECT clock_timestamp()::text AS at`);
 }
 
 const registrationRow = z.object({ id: z.string(), dependency_id: z.string(), credential_hash: z.instanceof(Buffer) });

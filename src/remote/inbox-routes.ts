@@ -6,6 +6,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import type { DatabasePool } from 'slonik';
 import { credentialMatches, getRegistration, storeCallback } from './dependency-repository.js';
 import { inboxJobId } from '../queue/job-ids.js';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from '../a2a/wire.js';
 
 // POST /a2a/inbox/:registrationId — where remote agents push their task events for Keel's own
 // dependencies. Only the registration's Bearer credential is accepted (X-A2A-Notification-Token is
@@ -43,6 +44,8 @@ export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void
     } catch {
       return reply.code(400).send({ error: 'the body is not JSON' });
     }
+    // Sealing stringifies the body: one nested thousands of levels deep overflowed the stack (a 500).
+    if (nestsDeeperThan(body, MAX_JSON_DEPTH)) return reply.code(400).send({ error: `the body nests deeper than ${MAX_JSON_DEPTH} levels` });
     const kind = streamResponseKind(body);
     if (!kind) return reply.code(400).send({ error: 'the body is not a StreamResponse (exactly one of task, message, statusUpdate, artifactUpdate)' });
 

@@ -6,7 +6,7 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
-import { getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
+import { databaseNow, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
 import type { RemoteAgents } from './remote-agents.js';
 import { judgeRemoteTask, type SdkTask } from './remote-task.js';
 import { randomBytes } from 'node:crypto';
@@ -48,6 +48,9 @@ export async function reconcileDependency(context: Pick<KeelContext, 'pool' | 's
     await schedulePoll(context.pool, dependencyId, pollDelayMs(dependency.polls));
     return 'unreachable';
   }
+  // Callbacks received before this instant are answered by the GetTask below; one received later
+  // (the remote may have finished since) must not be marked processed by a WORKING answer.
+  const asOf = await databaseNow(context.pool);
   let task: SdkTask;
   try {
     task = (await lookup.remote.client.getTask(GetTaskRequest.fromJSON({ id: dependency.remote_task_id, historyLength: 0 }))) as SdkTask;
@@ -58,8 +61,9 @@ export async function reconcileDependency(context: Pick<KeelContext, 'pool' | 's
   }
   const verdict = judgeRemoteTask(task);
   if (verdict.kind === 'waiting') {
-    await schedulePoll(context.pool, dependencyId, pollDelayMs(dependency.polls));
-    await markCallbacksProcessed(context.pool, dependencyId);
+    const later = await markCallbacksProcessed(context.pool, dependencyId, asOf);
+    // A callback that arrived during the GetTask found this job active and enqueued nothing: poll again at once.
+    await schedulePoll(context.pool, dependencyId, later > 0 ? 0 : pollDelayMs(dependency.polls));
     return 'waiting';
   }
   const resolved = await resolveDependency(

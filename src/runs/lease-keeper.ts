@@ -26,8 +26,14 @@ export class LeaseKeeper {
     private readonly logger: KeelLogger,
   ) {}
 
+  /** Also called at every heartbeat (the audit trail's buffer is written then, bounding what a crash loses). */
+  onBeat: () => void = () => undefined;
+
   start(): void {
-    this.timer = setInterval(() => void this.renew(), this.heartbeatMs);
+    this.timer = setInterval(() => {
+      void this.renew();
+      this.onBeat();
+    }, this.heartbeatMs);
     this.timer.unref();
   }
 

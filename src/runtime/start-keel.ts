@@ -18,6 +18,7 @@ import { createInboxReconcileProcessor } from '../../workers/inbox-reconcile.js'
 import { registerInboxRoutes } from '../remote/inbox-routes.js';
 import { createRemoteAgentTool, type RemoteToolDeps } from '../remote/remote-agent-tool.js';
 import { RemoteAgents } from '../remote/remote-agents.js';
+import { registerOperatorSurfaces } from '../ui/operator-surfaces.js';
 import { A2AService } from '../a2a/a2a-service.js';
 import { registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
@@ -179,6 +180,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, ui: role !== 'worker' });
   if (role !== 'worker') {
     const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger, shutdown: shutdown.signal });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });

@@ -162,7 +162,8 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         events.map((event, index) => ({
           sequence: task.last_sequence + index + 1,
           terminal: event.state !== null && isTerminalState(event.state),
-          coalescible: event.kind === 'status' && event.state !== null && !endsStream(event.state),
+          // Any non-terminal status (INPUT_REQUIRED and AUTH_REQUIRED included): a newer state supersedes it.
+          coalescible: event.kind === 'status' && event.state !== null && !isTerminalState(event.state),
         })),
         options.push,
       );

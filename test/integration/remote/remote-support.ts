@@ -1,6 +1,6 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { createServer as createNetServer, type AddressInfo, type Socket } from 'node:net';
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import type { Server as HttpServer } from 'node:http';
 import express from 'express';
 import { GetTaskRequest, A2A_PROTOCOL_VERSION, AGENT_CARD_PATH, TaskState, type AgentCard, type Task, type TaskPushNotificationConfig } from '@a2a-js/sdk';
@@ -20,6 +20,7 @@ import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/serve
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { createClient } from '../../../src/auth/client-repository.js';
+import { callbackBodyContext } from '../../../src/remote/dependency-repository.js';
 import { sdkClient, textMessage } from '../../support/a2a-client.js';
 import type { TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
@@ -552,7 +553,16 @@ export async function runSummary(pool: DatabasePool, runId: string): Promise<z.i
 }
 
 /** The SHA-256 of a credential, hex: what inbox_registrations.credential_hash holds. */
-export async function sha256Hex(value: string): Promise<string> {
-  const { createHash } = await import('node:crypto');
-  return createHash('sha256').update(value).digest('hex');
+export const sha256Hex = (value: string) => createHash('sha256').update(value).digest('hex');
+
+/** The callbacks' bodies as received (opened from their sealed column), in arrival order. */
+export async function callbackBodies(keel: TestKeel, dependencyId: string): Promise<Json[]> {
+  const rows = await keel.context.pool.any(sql.type(z.object({ id: z.string(), body: z.instanceof(Buffer) }))`
+    SELECT c.id, c.body FROM inbox_callbacks c JOIN inbox_registrations g ON g.id = c.registration_id
+    WHERE g.dependency_id = ${dependencyId} ORDER BY c.received_at, c.id`);
+  return rows.map((row) => {
+    const opened = keel.context.sealer.openJson<Json>(callbackBodyContext(row.id), row.body);
+    if (!opened.ok) throw new Error(`callback ${row.id} cannot be opened`);
+    return opened.value;
+  });
 }

@@ -1,0 +1,399 @@
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { DatabasePool } from 'slonik';
+import type { KeelConfig } from '../config/load-config.js';
+import type { KeelLogger } from '../log/logger.js';
+import { deliveriesOfConfig, findPushConfigs, listPushConfigSummaries, resumePushConfig } from '../push/push-admin.js';
+import type { KeelQueues } from '../queue/keel-queues.js';
+import { listRunEvents } from '../runs/run-event-repository.js';
+import { getRun } from '../runs/run-repository.js';
+import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { closeSession, csrfMatches, findSession, openSession, SESSION_TTL_MS, type AdminSession } from './admin-auth.js';
+import { html, type Html } from './html.js';
+import { page, type NavKey } from './layout.js';
+import { loadMachineCatalog, type CatalogEntry } from './machine-catalog.js';
+import { countStates, listStateRows } from './machine-rows.js';
+import {
+  approvalsContent,
+  dependenciesContent,
+  loginContent,
+  machinesContent,
+  pushConfigContent,
+  pushContent,
+  runContent,
+  runsContent,
+  stateRowsContent,
+  type ApprovalItem,
+  type PendingView,
+  type RunFilterForm,
+} from './pages.js';
+import { QUEUE_DASHBOARD_PATH, registerQueueDashboard } from './queue-dashboard.js';
+import {
+  badges,
+  deliveriesOfTask,
+  dependencyOverview,
+  filterChoices,
+  journalOutline,
+  listRunsFiltered,
+  pushConfigVersion,
+  runsOfTask,
+  runsWaitingForApproval,
+  runVersion,
+  taskOfRun,
+  type RunFilter,
+} from './ui-queries.js';
+
+// The operator web UI under /ui. Every route but the login form needs a session opened with an
+// admin token: without one, pages redirect to the login form and everything else (the counts API,
+// the dashboard's API and assets, any state-changing request) answers 401. Every state-changing
+// request also needs the session's CSRF token (a hidden form field, or X-CSRF-Token), and a
+// cross-origin Origin header is refused, whatever the cookie: missing or wrong, 403.
+
+export type OperatorUiDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues; config: KeelConfig; logger: KeelLogger };
+
+export const SESSION_COOKIE = 'keel_ui_session';
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+const LIST_LIMIT = 200;
+
+type Session = AdminSession & { id: string };
+const sessions = new WeakMap<FastifyRequest, Session>();
+
+export function readCookie(request: FastifyRequest, name: string): string | null {
+  const header = request.headers.cookie;
+  if (!header) return null;
+  for (const part of header.split(';')) {
+    const index = part.indexOf('=');
+    if (index === -1) continue;
+    if (part.slice(0, index).trim() === name) {
+      try {
+        return decodeURIComponent(part.slice(index + 1).trim());
+      } catch {
+        return null;
+      }
+    }
+  }
+  return null;
+}
+
+/** Pages redirect to the login form; the APIs, the dashboard's assets and anything not a GET answer 401. */
+function isPage(request: FastifyRequest): boolean {
+  const path = request.url.split('?')[0]!;
+  return SAFE_METHODS.has(request.method) && !path.startsWith('/ui/api/') && !path.startsWith(`${QUEUE_DASHBOARD_PATH}/api/`) && !path.startsWith(`${QUEUE_DASHBOARD_PATH}/static/`);
+}
+
+/** A `next` that stays inside the UI (no open redirect). */
+function safeNext(value: unknown): string {
+  if (typeof value !== 'string' || !/^\/ui(\/|$|\?)/.test(value) || value.startsWith('//') || value.includes('\\') || value.startsWith('/ui/login')) return '/ui/machines';
+  return value;
+}
+
+const flashes: Record<string, { kind: 'ok' | 'error'; text: string }> = {
+  approved: { kind: 'ok', text: 'Approved: the run resumes.' },
+  denied: { kind: 'ok', text: 'Denied: the run resumes and the model is told.' },
+  stale_digest: { kind: 'error', text: 'Not decided: the run is waiting on another turn than the one shown. Look again.' },
+  already_decided: { kind: 'error', text: 'Not decided: someone else decided this turn meanwhile.' },
+  not_waiting: { kind: 'error', text: 'Not decided: the run is no longer waiting for approval.' },
+  not_found: { kind: 'error', text: 'No such run or config.' },
+  unreadable: { kind: 'error', text: 'Not decided: the pending turn cannot be read.' },
+  resumed: { kind: 'ok', text: 'Resumed: pending deliveries go out again, in order.' },
+  not_paused: { kind: 'error', text: 'Not resumed: the config is not paused.' },
+  bad_request: { kind: 'error', text: 'The request was incomplete.' },
+};
+const flashOf = (request: FastifyRequest) => {
+  const key = (request.query as Record<string, unknown>).flash;
+  return typeof key === 'string' ? (flashes[key] ?? null) : null;
+};
+
+function parseUtc(value: unknown): number | undefined {
+  if (typeof value !== 'string' || value === '') return undefined;
+  const ms = Date.parse(/[zZ]|[+-]\d\d:\d\d$/.test(value) ? value : `${value}Z`);
+  return Number.isNaN(ms) ? undefined : ms;
+}
+
+export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiDeps): Promise<void> {
+  const { pool, sealer, queues, config, logger } = deps;
+  const log = logger.child({ component: 'ui' });
+  const catalog = await loadMachineCatalog();
+  const entryOf = (id: string): CatalogEntry | undefined => catalog.find((entry) => entry.id === id);
+  const secureCookie = config.server.publicUrl.startsWith('https:');
+  const publicOrigin = (() => {
+    try {
+      return new URL(config.server.publicUrl).origin;
+    } catch {
+      return null;
+    }
+  })();
+
+  scope.addContentTypeParser('application/x-www-form-urlencoded', { parseAs: 'string', bodyLimit: 65_536 }, (_request, body, done) => {
+    done(null, Object.fromEntries(new URLSearchParams(String(body))));
+  });
+
+  scope.addHook('onRequest', async (request, reply) => {
+    const path = request.url.split('?')[0]!;
+    reply.header('x-frame-options', 'DENY').header('referrer-policy', 'same-origin').header('x-content-type-options', 'nosniff');
+    if (!path.startsWith(`${QUEUE_DASHBOARD_PATH}/static/`)) reply.header('cache-control', 'no-store');
+    if (!SAFE_METHODS.has(request.method)) {
+      const origin = request.headers.origin;
+      if (typeof origin === 'string' && origin !== 'null' && origin !== `${request.protocol}://${request.headers.host ?? ''}` && origin !== publicOrigin) {
+        return reply.code(403).type('text/plain').send('cross-origin request refused');
+      }
+    }
+    if (path === '/ui/login') return;
+    const cookie = readCookie(request, SESSION_COOKIE);
+    const session = cookie ? await findSession(pool, cookie) : null;
+    if (!session) {
+      if (isPage(request)) return reply.redirect(`/ui/login?next=${encodeURIComponent(request.url)}`, 303);
+      return reply.code(401).header('www-authenticate', 'Cookie realm="keel-ui"').type('application/json').send({ error: 'admin login required' });
+    }
+    sessions.set(request, { ...session, id: cookie! });
+    if (path.startsWith(`${QUEUE_DASHBOARD_PATH}/`) || path === QUEUE_DASHBOARD_PATH) {
+      if (!SAFE_METHODS.has(request.method)) return reply.code(403).type('application/json').send({ error: 'the queue dashboard is read-only' });
+    }
+  });
+
+  scope.addHook('preHandler', async (request, reply) => {
+    if (SAFE_METHODS.has(request.method) || request.url.split('?')[0] === '/ui/login') return;
+    const session = sessions.get(request);
+    const body = request.body as Record<string, unknown> | undefined;
+    const presented = (typeof body === 'object' && body !== null ? body._csrf : undefined) ?? request.headers['x-csrf-token'];
+    if (!session || !csrfMatches(session.id, presented)) {
+      log.warn({ method: request.method, route: request.routeOptions.url }, 'state-changing request without a valid CSRF token refused');
+      return reply.code(403).type('text/plain').send('missing or invalid CSRF token');
+    }
+  });
+
+  scope.setErrorHandler((error: { statusCode?: number; message: string }, request, reply) => {
+    const status = error.statusCode && error.statusCode >= 400 && error.statusCode < 500 ? error.statusCode : 500;
+    if (status === 500) log.error({ err: error, route: request.routeOptions.url }, 'operator UI request failed');
+    return reply.code(status).type('text/plain').send(status === 500 ? 'internal error' : error.message);
+  });
+  const errorContent = (title: string, text: string) => html`<h1>${title}</h1><p>${text}</p><p><a href="/ui/machines">Machines</a></p>`;
+  scope.setNotFoundHandler((request, reply) => sendPage(request, reply, { title: 'Not found', nav: null }, errorContent('Not found', 'There is no such page.'), 404));
+
+  const sendPage = async (request: FastifyRequest, reply: FastifyReply, options: { title: string; nav: NavKey | null; liveUrl?: string; liveVersion?: string | null }, content: Html, status = 200) => {
+    const nonce = randomBytes(16).toString('base64');
+    const session = sessions.get(request);
+    const body = page(
+      {
+        ...options,
+        nonce,
+        csrf: session?.csrf ?? null,
+        operator: session?.tokenName ?? null,
+        badges: session ? await badges(pool) : null,
+        flash: flashOf(request),
+      },
+      content,
+    );
+    return reply
+      .code(status)
+      .header(
+        'content-security-policy',
+        `default-src 'none'; script-src 'nonce-${nonce}'; style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`,
+      )
+      .type('text/html; charset=utf-8')
+      .send(body);
+  };
+
+  // Login and logout.
+  scope.get('/login', async (request, reply) => {
+    const query = request.query as Record<string, unknown>;
+    const bye = query.bye === '1' ? { kind: 'ok' as const, text: 'Logged out.' } : null;
+    const content = loginContent(safeNext(query.next), null);
+    const nonce = randomBytes(16).toString('base64');
+    return reply
+      .header('content-security-policy', `default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`)
+      .type('text/html; charset=utf-8')
+      .send(page({ title: 'Log in', nav: null, nonce, flash: bye }, content));
+  });
+
+  scope.post('/login', async (request, reply) => {
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const next = safeNext(body.next);
+    const token = typeof body.token === 'string' ? body.token.trim() : '';
+    const opened = token ? await openSession(pool, token) : null;
+    if (!opened) {
+      log.warn({ ip: request.ip }, 'operator login refused');
+      const nonce = randomBytes(16).toString('base64');
+      return reply
+        .code(401)
+        .header('content-security-policy', `default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`)
+        .type('text/html; charset=utf-8')
+        .send(page({ title: 'Log in', nav: null, nonce }, loginContent(next, 'That is not a valid admin token.')));
+    }
+    log.info({ operator: opened.tokenName }, 'operator logged in');
+    const maxAge = Math.floor(SESSION_TTL_MS / 1000);
+    return reply
+      .header('set-cookie', `${SESSION_COOKIE}=${opened.sessionId}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=${maxAge}${secureCookie ? '; Secure' : ''}`)
+      .redirect(next, 303);
+  });
+
+  scope.get('/logout', async (request, reply) => {
+    const session = sessions.get(request)!;
+    return sendPage(request, reply, { title: 'Log out', nav: null }, html`<h1>Log out</h1>
+<form method="post" action="/ui/logout"><input type="hidden" name="_csrf" value="${session.csrf}"><button class="primary" type="submit">Log out</button></form>`);
+  });
+
+  scope.post('/logout', async (request, reply) => {
+    const session = sessions.get(request)!;
+    await closeSession(pool, session.id);
+    return reply
+      .header('set-cookie', `${SESSION_COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0${secureCookie ? '; Secure' : ''}`)
+      .redirect('/ui/login?bye=1', 303);
+  });
+
+  // Live numbers.
+  scope.get('/api/counts', async () => ({ counts: await countStates(pool, catalog), badges: await badges(pool), at: new Date().toISOString() }));
+  scope.get<{ Params: { id: string } }>('/api/runs/:id/version', async (request, reply) => {
+    if (!UUID.test(request.params.id)) return reply.code(404).send({ error: 'not found' });
+    const version = await runVersion(pool, request.params.id);
+    return version === null ? reply.code(404).send({ error: 'not found' }) : { version };
+  });
+  scope.get<{ Params: { taskId: string; configId: string } }>('/api/push/:taskId/:configId/version', async (request, reply) => {
+    if (!UUID.test(request.params.taskId)) return reply.code(404).send({ error: 'not found' });
+    const version = await pushConfigVersion(pool, request.params.taskId, request.params.configId);
+    return version === null ? reply.code(404).send({ error: 'not found' }) : { version };
+  });
+
+  // Machines.
+  scope.get('/', async (_request, reply) => reply.redirect('/ui/machines', 303));
+  scope.get('/machines', async (request, reply) => {
+    const counts = await countStates(pool, catalog);
+    return sendPage(request, reply, { title: 'Machines', nav: 'machines' }, machinesContent(catalog, counts));
+  });
+  scope.get<{ Params: { machine: string; state: string } }>('/machines/:machine/:state', async (request, reply) => {
+    const entry = entryOf(request.params.machine);
+    if (!entry || !entry.model.states.some((state) => state.name === request.params.state)) {
+      return sendPage(request, reply, { title: 'Not found', nav: 'machines' }, errorContent('Not found', 'No such machine or state.'), 404);
+    }
+    const list = await listStateRows(pool, entry, request.params.state, LIST_LIMIT);
+    return sendPage(request, reply, { title: `${entry.id}: ${request.params.state}`, nav: 'machines' }, stateRowsContent(entry, request.params.state, list, LIST_LIMIT));
+  });
+
+  // Runs and tasks.
+  scope.get('/runs', async (request, reply) => {
+    const query = request.query as Record<string, unknown>;
+    const text = (key: string) => (typeof query[key] === 'string' ? (query[key] as string).trim() : '');
+    const form: RunFilterForm = { status: text('status'), reason: text('reason'), agent: text('agent'), client: text('client'), from: text('from'), to: text('to') };
+    const before = /^(\d+)_([0-9a-f-]{36})$/i.exec(text('before'));
+    const filter: RunFilter = {
+      ...(form.status ? { status: form.status } : {}),
+      ...(form.reason ? { reason: form.reason } : {}),
+      ...(form.agent ? { agent: form.agent } : {}),
+      ...(form.client ? { client: form.client } : {}),
+      ...(parseUtc(form.from) !== undefined ? { from: parseUtc(form.from) } : {}),
+      ...(parseUtc(form.to) !== undefined ? { to: parseUtc(form.to) } : {}),
+      ...(before ? { before: { createdAt: Number(before[1]), id: before[2]! } } : {}),
+      limit: LIST_LIMIT,
+    };
+    const [runs, choices] = await Promise.all([listRunsFiltered(pool, filter), filterChoices(pool)]);
+    return sendPage(request, reply, { title: 'Runs and tasks', nav: 'runs' }, runsContent(runs, form, choices, filter));
+  });
+
+  scope.get<{ Params: { id: string } }>('/runs/:id', async (request, reply) => {
+    const id = request.params.id.toLowerCase();
+    const run = UUID.test(id) ? await getRun(pool, id) : null;
+    if (!run) return sendPage(request, reply, { title: 'Not found', nav: 'runs' }, errorContent('Not found', 'No such run (it may have been purged).'), 404);
+    const task = run.task_id ? await taskOfRun(pool, run.task_id) : null;
+    const [events, journal, deliveries, taskRuns, version] = await Promise.all([
+      listRunEvents(pool, run.id),
+      task ? journalOutline(pool, task.id) : Promise.resolve([]),
+      task ? deliveriesOfTask(pool, task.id) : Promise.resolve([]),
+      task ? runsOfTask(pool, task.id) : Promise.resolve([]),
+      runVersion(pool, run.id),
+    ]);
+    let pending: PendingView | null = null;
+    if (run.status === 'waiting_for_approval' || run.status === 'waiting_for_input') {
+      const read = await readSuspendedRun(pool, sealer, run.id, run.status);
+      if (read.ok) {
+        const state = read.view.state;
+        if (state.pendingApproval) pending = { kind: 'approval', pending: state.pendingApproval };
+        else if (state.pendingInput) pending = { kind: 'input', tool: state.pendingInput.toolName, prompt: state.pendingInput.prompt, schema: state.pendingInput.schema };
+      } else if (read.reason === 'unreadable') pending = { kind: 'unreadable', detail: read.detail };
+    }
+    const session = sessions.get(request)!;
+    return sendPage(
+      request,
+      reply,
+      { title: `Run ${run.id}`, nav: 'runs', liveUrl: `/ui/api/runs/${run.id}/version`, liveVersion: version },
+      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending }, session.csrf),
+    );
+  });
+
+  // Approvals.
+  scope.get('/approvals', async (request, reply) => {
+    const waiting = await runsWaitingForApproval(pool, LIST_LIMIT);
+    const items: ApprovalItem[] = [];
+    for (const run of waiting) {
+      const read = await readSuspendedRun(pool, sealer, run.id, 'waiting_for_approval');
+      if (!read.ok && read.reason !== 'unreadable') continue; // decided meanwhile
+      items.push({
+        id: run.id,
+        agent: run.agent,
+        client: run.client,
+        since: run.updated_at,
+        pending: read.ok ? read.view.state.pendingApproval : null,
+        problem: read.ok ? (read.view.state.pendingApproval ? null : 'no pending approval stored') : read.detail,
+      });
+    }
+    return sendPage(request, reply, { title: 'Approvals', nav: 'approvals' }, approvalsContent(items, sessions.get(request)!.csrf));
+  });
+
+  scope.post<{ Params: { id: string } }>('/approvals/:id', async (request, reply) => {
+    const id = request.params.id.toLowerCase();
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const digest = typeof body.digest === 'string' ? body.digest.trim().toLowerCase() : '';
+    const decision = body.decision;
+    if (!UUID.test(id) || !/^[0-9a-f]{64}$/.test(digest) || (decision !== 'approve' && decision !== 'deny')) {
+      return reply.redirect('/ui/approvals?flash=bad_request', 303);
+    }
+    const session = sessions.get(request)!;
+    const result = await decideApproval({ pool, sealer, queues }, id, digest, decision === 'approve');
+    log.info({ runId: id, decision, operator: session.tokenName, ok: result.ok, reason: result.ok ? undefined : result.reason }, 'operator decided an approval');
+    if (result.ok) return reply.redirect(`/ui/runs/${id}?flash=${decision === 'approve' ? 'approved' : 'denied'}`, 303);
+    return reply.redirect(`/ui/approvals?flash=${result.reason}`, 303);
+  });
+
+  // Push.
+  scope.get('/push', async (request, reply) => {
+    const [configs, counts] = await Promise.all([listPushConfigSummaries(pool, { limit: 500 }), countStates(pool, catalog)]);
+    return sendPage(request, reply, { title: 'Push', nav: 'push' }, pushContent(configs, counts.pushConfig, sessions.get(request)!.csrf));
+  });
+
+  scope.get<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId', async (request, reply) => {
+    const { taskId, configId } = request.params;
+    const found = UUID.test(taskId) ? await findPushConfigs(pool, `${taskId}/${configId}`) : [];
+    if (found.length !== 1) return sendPage(request, reply, { title: 'Not found', nav: 'push' }, errorContent('Not found', 'No such push config.'), 404);
+    const { deliveries, attempts } = await deliveriesOfConfig(pool, taskId, configId);
+    const version = await pushConfigVersion(pool, taskId, configId);
+    return sendPage(
+      request,
+      reply,
+      { title: `Push config ${configId}`, nav: 'push', liveUrl: `/ui/api/push/${encodeURIComponent(taskId)}/${encodeURIComponent(configId)}/version`, liveVersion: version },
+      pushConfigContent({ summary: found[0]!, deliveries, attempts }, sessions.get(request)!.csrf),
+    );
+  });
+
+  scope.post<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId/resume', async (request, reply) => {
+    const { taskId, configId } = request.params;
+    if (!UUID.test(taskId)) return reply.redirect('/ui/push?flash=not_found', 303);
+    const result = await resumePushConfig({ pool, queues }, taskId, configId);
+    log.info({ taskId, configId, operator: sessions.get(request)!.tokenName, ok: result.ok }, 'operator resumed a push config');
+    const back = `/ui/push/${encodeURIComponent(taskId)}/${encodeURIComponent(configId)}`;
+    if (result.ok) return reply.redirect(`${back}?flash=resumed`, 303);
+    return reply.redirect(result.reason === 'not_found' ? '/ui/push?flash=not_found' : `${back}?flash=${result.reason}`, 303);
+  });
+
+  // Dependencies.
+  scope.get('/dependencies', async (request, reply) => {
+    const entry = entryOf('dependency');
+    const states = entry
+      ? { open: entry.model.states.filter((state) => !state.final).map((state) => state.name), ended: entry.model.states.filter((state) => state.final).map((state) => state.name) }
+      : { open: ['pending', 'waiting'], ended: ['resolved', 'failed'] };
+    const overview = await dependencyOverview(pool, states, LIST_LIMIT);
+    return sendPage(request, reply, { title: 'Dependencies', nav: 'dependencies' }, dependenciesContent(overview));
+  });
+
+  await registerQueueDashboard(scope, queues);
+}

@@ -1,0 +1,85 @@
+import { sql, type DatabasePool } from 'slonik';
+import { expect } from 'vitest';
+import { z } from 'zod';
+import { countScenario, problemsOf, waitForQuiet, type ScenarioCounts } from './counts.js';
+import { BACKEND, type Installation, type KeelNode } from './installation.js';
+import { settleClients, type Load, type LoadOptions } from './load.js';
+import type { PushReceiver } from './peers.js';
+import { sleep } from './services.js';
+
+// What every fault scenario does at its end, and the probes scenarios use to time their faults.
+
+export const expectedEcho: LoadOptions['expected'] = (_agent, text) => `echo: ${text}`;
+
+/** Generous: scenarios take 20-60 s; a slow, shared machine must not turn a pass into a timeout. */
+export const SCENARIO_TIMEOUT_MS = 240_000;
+
+export async function finishScenario(input: {
+  scenario: string;
+  installation: Installation;
+  load: Load;
+  startedAt: number;
+  receiver?: PushReceiver | null;
+  faults?: Record<string, unknown>;
+  expected?: LoadOptions['expected'];
+  dependencies?: (pool: DatabasePool) => Promise<{ count: number; resolvedTwice: number }>;
+}): Promise<ScenarioCounts> {
+  const { installation, load } = input;
+  const expected = input.expected ?? expectedEcho;
+  await load.done;
+  await settleClients(load, () => installation.apiUrls(), installation.token, expected);
+  const pool = await installation.pool();
+  const quiet = await waitForQuiet(pool);
+  return countScenario({
+    scenario: input.scenario,
+    backend: BACKEND,
+    load,
+    pool,
+    sealer: installation.sealer,
+    expected,
+    receiver: input.receiver ?? null,
+    startedAt: input.startedAt,
+    faults: { ...input.faults, quietAtEnd: quiet },
+    ...(input.dependencies ? { dependencies: await input.dependencies(pool) } : {}),
+  });
+}
+
+export function expectClean(counts: ScenarioCounts, installation: Installation): void {
+  const problems = problemsOf(counts);
+  expect(problems, problems.length ? `${JSON.stringify(counts, null, 2)}\n${installation.logs(40)}` : '').toEqual([]);
+}
+
+const count = z.object({ n: z.number() });
+
+/** RUNNING runs whose lease names this node's process. */
+export async function runsClaimedBy(pool: DatabasePool, node: KeelNode): Promise<number> {
+  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM runs WHERE status = 'running' AND claimed_by LIKE ${`${node.workerPrefix}%`}`);
+}
+
+/** Committed run revisions not yet in the journal. */
+export async function projectionDebt(pool: DatabasePool): Promise<number> {
+  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM a2a_tasks t JOIN runs r ON r.id = t.run_id WHERE r.revision > t.revision`);
+}
+
+/** Deliveries whose attempt has begun and not ended (leased). */
+export async function deliveriesInFlight(pool: DatabasePool): Promise<number> {
+  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM push_deliveries WHERE state = 'pending' AND next_attempt_at > now()`);
+}
+
+export async function pendingRuns(pool: DatabasePool): Promise<number> {
+  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM runs WHERE status IN ('queued', 'running')`);
+}
+
+/** Polls `probe` until it is truthy; gives up (returning false) after `timeoutMs`. */
+export async function until(probe: () => Promise<boolean> | boolean, timeoutMs: number, everyMs = 20): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    try {
+      if (await probe()) return true;
+    } catch {
+      // a probe may fail while a service is down
+    }
+    await sleep(everyMs);
+  }
+  return false;
+}
