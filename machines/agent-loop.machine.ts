@@ -87,6 +87,23 @@ const lastUserText = (transcript: readonly TranscriptMessage[]): string => {
   return '';
 };
 
+/** A guardrail's denial as the run's failure: the guardrail's name and configured reason, never the text. */
+const guardrailDenial = (stage: 'input' | 'answer', verdict: GuardrailOutcome): LoopOutcome => ({
+  kind: 'fail',
+  reason: 'policy_denied',
+  detail: { stage, guardrail: 'guardrail' in verdict ? verdict.guardrail : '', reason: 'reason' in verdict ? verdict.reason : '' },
+});
+
+/** A guardrail that asks a person: the turn waits for approval (its digest is set on suspension). */
+const guardrailApproval = (stage: 'input' | 'answer', verdict: GuardrailOutcome, answer: string | null): PendingApproval => ({
+  kind: 'guardrail',
+  stage,
+  guardrail: 'guardrail' in verdict ? verdict.guardrail : '',
+  reason: 'reason' in verdict ? verdict.reason : '',
+  answer,
+  digest: '',
+});
+
 const deniedMessages = (calls: readonly ToolCall[]): TranscriptMessage[] =>
   calls.map((call) => ({ role: 'tool', toolCallId: call.id, name: call.name, content: `tool ${call.name} was denied by the operator` }));
 
@@ -236,26 +253,11 @@ export const agentLoopMachine = setup({
           {
             guard: ({ event }) => event.output.verdict === 'deny',
             target: 'done',
-            actions: assign({
-              outcome: ({ event }) => ({
-                kind: 'fail',
-                reason: 'policy_denied',
-                detail: { stage: 'input', guardrail: 'guardrail' in event.output ? event.output.guardrail : '', reason: 'reason' in event.output ? event.output.reason : '' },
-              }),
-            }),
+            actions: assign({ outcome: ({ event }) => guardrailDenial('input', event.output) }),
           },
           {
             target: 'suspendingForApproval',
-            actions: assign({
-              pendingApproval: ({ event }) => ({
-                kind: 'guardrail',
-                stage: 'input',
-                guardrail: 'guardrail' in event.output ? event.output.guardrail : '',
-                reason: 'reason' in event.output ? event.output.reason : '',
-                answer: null,
-                digest: '',
-              }),
-            }),
+            actions: assign({ pendingApproval: ({ event }) => guardrailApproval('input', event.output, null) }),
           },
         ],
       },
@@ -424,26 +426,11 @@ export const agentLoopMachine = setup({
           {
             guard: ({ event }) => event.output.verdict === 'deny',
             target: 'done',
-            actions: assign({
-              outcome: ({ event }) => ({
-                kind: 'fail',
-                reason: 'policy_denied',
-                detail: { stage: 'answer', guardrail: 'guardrail' in event.output ? event.output.guardrail : '', reason: 'reason' in event.output ? event.output.reason : '' },
-              }),
-            }),
+            actions: assign({ outcome: ({ event }) => guardrailDenial('answer', event.output) }),
           },
           {
             target: 'suspendingForApproval',
-            actions: assign({
-              pendingApproval: ({ context, event }) => ({
-                kind: 'guardrail',
-                stage: 'answer',
-                guardrail: 'guardrail' in event.output ? event.output.guardrail : '',
-                reason: 'reason' in event.output ? event.output.reason : '',
-                answer: context.lastText,
-                digest: '',
-              }),
-            }),
+            actions: assign({ pendingApproval: ({ context, event }) => guardrailApproval('answer', event.output, context.lastText) }),
           },
         ],
       },

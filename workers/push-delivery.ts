@@ -52,11 +52,18 @@ function retryAfter(header: string | undefined): number | undefined {
 export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions) {
   const { pool, sealer, queues, logger } = context;
 
-  async function wakeNext(delivery: Pick<DeliveryRow, 'task_id' | 'config_id'>): Promise<void> {
+  /**
+   * Wakes the head of the config. After a delivery this job ended, the wake-up gets an id of its
+   * own (`-w<sequence>`): under the head's plain id it could be hidden by the head's first job,
+   * still 'active' when it is skipping right now (earlier delivery not ended yet) or left 'active'
+   * by a worker that died, and the head would wait for the sweeper or stall detection.
+   */
+  async function wakeNext(delivery: Pick<DeliveryRow, 'task_id' | 'config_id' | 'event_sequence'>, endedHere = false): Promise<void> {
     const head = await headOfConfig(pool, delivery.task_id, delivery.config_id);
     if (!head) return;
     const loaded = await loadDelivery(pool, head.id);
-    await queues.ensureJob('push', deliveryJobId(head.id, loaded?.attempts ?? 0), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
+    const jobId = deliveryJobId(head.id, loaded?.attempts ?? 0);
+    await queues.ensureJob('push', endedHere ? `${jobId}-w${delivery.event_sequence}` : jobId, { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
   }
 
   async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped'> {
@@ -150,10 +157,10 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       return 'gone';
     }
     const outcome = await attempt(delivery);
-    if (outcome !== 'skipped' && outcome.kind !== 'retry' && outcome.kind !== 'paused') await wakeNext(delivery);
+    if (outcome !== 'skipped' && outcome.kind !== 'retry' && outcome.kind !== 'paused') await wakeNext(delivery, true);
     else if (outcome === 'skipped') {
       const after = await loadDelivery(pool, delivery.id);
-      if (after && after.state !== 'pending') await wakeNext(delivery);
+      if (after && after.state !== 'pending') await wakeNext(delivery, true);
     }
     return outcome;
   };

@@ -24,15 +24,20 @@ const configSummary = z.object({
 });
 export type PushConfigSummary = z.infer<typeof configSummary>;
 
-export async function listPushConfigSummaries(db: CommonQueryMethods, filter: { state?: string; limit?: number } = {}): Promise<readonly PushConfigSummary[]> {
+/** Configs with their delivery counts, for the rows a condition selects. */
+function summaries(db: CommonQueryMethods, where: ReturnType<typeof sql.fragment>, limit = 200): Promise<readonly PushConfigSummary[]> {
   return db.any(sql.type(configSummary)`
     SELECT c.task_id, c.id, c.url, c.state, c.state_reason, c.auth_scheme, c.credentials_hint, c.deleted_at IS NOT NULL AS deleted, c.created_at,
       count(d.*) FILTER (WHERE d.state = 'pending')::int AS pending,
       count(d.*) FILTER (WHERE d.state = 'delivered')::int AS delivered,
       count(d.*) FILTER (WHERE d.state IN ('dead', 'expired', 'cancelled', 'superseded'))::int AS failed
     FROM push_configs c LEFT JOIN push_deliveries d ON d.task_id = c.task_id AND d.config_id = c.id
-    WHERE ${filter.state ? sql.fragment`c.state = ${filter.state} AND c.deleted_at IS NULL` : sql.fragment`true`}
-    GROUP BY c.task_id, c.id ORDER BY c.created_at DESC LIMIT ${filter.limit ?? 200}`);
+    WHERE ${where}
+    GROUP BY c.task_id, c.id ORDER BY c.created_at DESC LIMIT ${limit}`);
+}
+
+export async function listPushConfigSummaries(db: CommonQueryMethods, filter: { state?: string; limit?: number } = {}): Promise<readonly PushConfigSummary[]> {
+  return summaries(db, filter.state ? sql.fragment`c.state = ${filter.state} AND c.deleted_at IS NULL` : sql.fragment`true`, filter.limit);
 }
 
 export const maskCredential = (scheme: string | null, hint: string | null) => (scheme ? `${scheme} ${hint ? `${MASK}${hint}` : ''}`.trim() : '-');
@@ -60,14 +65,7 @@ const attemptDetail = z.object({
 /** A config addressed by its id alone, or `<taskId>/<configId>` when ids repeat across tasks. */
 export async function findPushConfigs(db: CommonQueryMethods, reference: string): Promise<readonly PushConfigSummary[]> {
   const [first, second] = reference.includes('/') ? reference.split('/', 2) : [null, reference];
-  return db.any(sql.type(configSummary)`
-    SELECT c.task_id, c.id, c.url, c.state, c.state_reason, c.auth_scheme, c.credentials_hint, c.deleted_at IS NOT NULL AS deleted, c.created_at,
-      count(d.*) FILTER (WHERE d.state = 'pending')::int AS pending,
-      count(d.*) FILTER (WHERE d.state = 'delivered')::int AS delivered,
-      count(d.*) FILTER (WHERE d.state IN ('dead', 'expired', 'cancelled', 'superseded'))::int AS failed
-    FROM push_configs c LEFT JOIN push_deliveries d ON d.task_id = c.task_id AND d.config_id = c.id
-    WHERE c.id = ${second!} ${first ? sql.fragment`AND c.task_id::text = ${first}` : sql.fragment``}
-    GROUP BY c.task_id, c.id`);
+  return summaries(db, sql.fragment`c.id = ${second!} ${first ? sql.fragment`AND c.task_id::text = ${first}` : sql.fragment``}`);
 }
 
 export async function deliveriesOfConfig(db: CommonQueryMethods, taskId: string, configId: string) {

@@ -112,8 +112,20 @@ function parseUtc(value: unknown): number | undefined {
   return Number.isNaN(ms) ? undefined : ms;
 }
 
+const registeredRoutes = new WeakMap<object, Array<{ method: string; url: string }>>();
+
+/** Every route the UI registered on a server (the dashboard's included), for tests that walk them all. */
+export function uiRoutesOf(server: object): ReadonlyArray<{ method: string; url: string }> {
+  return registeredRoutes.get(server) ?? [];
+}
+
 export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiDeps): Promise<void> {
   const { pool, sealer, queues, config, logger } = deps;
+  const routes: Array<{ method: string; url: string }> = [];
+  registeredRoutes.set(scope.server, routes);
+  scope.addHook('onRoute', (route) => {
+    for (const method of [route.method].flat()) routes.push({ method: String(method), url: route.url });
+  });
   const log = logger.child({ component: 'ui' });
   const catalog = await loadMachineCatalog();
   const entryOf = (id: string): CatalogEntry | undefined => catalog.find((entry) => entry.id === id);
