@@ -181,11 +181,12 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
  * In-process projection right after a commit, one at a time per run (the sweeper and the projector
  * queue repair anything this misses: a crash between commit and projection loses nothing).
  */
-const COALESCE_MS = 5;
+const COALESCE_MS = 2;
 
 export class ProjectionScheduler {
   private readonly running = new Map<string, Promise<void>>();
   private readonly again = new Set<string>();
+  private readonly sleepers = new Map<string, () => void>();
 
   constructor(
     private readonly pool: DatabasePool,
@@ -201,12 +202,26 @@ export class ProjectionScheduler {
    * its WORKING state first) and not at all after a settle.
    */
   wake(runId: string, delayMs = 0): void {
+    const sleeping = this.sleepers.get(runId);
+    if (sleeping) {
+      // A settle arrived while a claim's projection was still waiting for it: project now, once.
+      if (delayMs === 0) sleeping();
+      return;
+    }
     if (this.running.has(runId)) {
       this.again.add(runId);
       return;
     }
     const work = (async () => {
-      await new Promise((resolve) => setTimeout(resolve, Math.max(delayMs, COALESCE_MS)));
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(done, Math.max(delayMs, COALESCE_MS));
+        function done() {
+          clearTimeout(timer);
+          resolve();
+        }
+        this.sleepers.set(runId, done);
+      });
+      this.sleepers.delete(runId);
       do {
         this.again.delete(runId);
         try {
