@@ -155,7 +155,22 @@ export function createMaintenanceProcessor(context: KeelContext) {
 }
 
 export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, everyMs = SWEEP_EVERY_MS): Promise<void> {
-  await context.queues.queue('maintenance').upsertJobScheduler(SWEEP_JOB, { every: everyMs }, { name: SWEEP_JOB, data: {} });
-  // The retention purge, daily.
-  await context.queues.queue('maintenance').upsertJobScheduler(PURGE_JOB, { every: PURGE_EVERY_MS }, { name: PURGE_JOB, data: {} });
+  const queue = context.queues.queue('maintenance');
+  const schedule = async () => {
+    await queue.upsertJobScheduler(SWEEP_JOB, { every: everyMs }, { name: SWEEP_JOB, data: {} });
+    // The retention purge, daily.
+    await queue.upsertJobScheduler(PURGE_JOB, { every: PURGE_EVERY_MS }, { name: PURGE_JOB, data: {} });
+  };
+  await schedule();
+  // The schedulers live in the queue backend: a wiped Redis takes them along, and without a sweep
+  // nothing would restore the other debts' jobs. Put them back when they are gone (until the
+  // queue closes).
+  const watchdog = setInterval(() => {
+    if (queue.closing) {
+      clearInterval(watchdog);
+      return;
+    }
+    queue.getJobScheduler(SWEEP_JOB).then((found) => (found ? undefined : schedule())).catch(() => undefined);
+  }, Math.max(everyMs, 1000));
+  watchdog.unref();
 }

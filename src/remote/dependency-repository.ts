@@ -133,8 +133,9 @@ export function credentialMatches(credential: string, hash: Buffer): boolean {
 export type StoreCallbackResult = { ok: true; id: string } | { ok: false; reason: 'registration_full' | 'inbox_full' };
 
 /**
- * Stores a callback durably within the bounds, in one statement: the counts and the insert are
- * checked together under a per-registration advisory lock, so concurrent callbacks cannot overrun.
+ * Stores a callback durably within the bounds: the counts and the insert are checked together
+ * under one advisory lock for the whole inbox (the total spans registrations, so a lock per
+ * registration would let callbacks to different registrations overrun it together).
  */
 export async function storeCallback(
   db: CommonQueryMethods,
@@ -145,7 +146,7 @@ export async function storeCallback(
   bounds: { perRegistration: number; total: number },
 ): Promise<StoreCallbackResult> {
   return db.transaction(async (transaction) => {
-    await transaction.query(sql.unsafe`SELECT pg_advisory_xact_lock(hashtext(${registrationId}))`);
+    await transaction.query(sql.unsafe`SELECT pg_advisory_xact_lock(hashtext('keel:inbox_callbacks'))`);
     const counts = await transaction.one(sql.type(z.object({ mine: z.number(), total: z.number() }))`
       SELECT count(*) FILTER (WHERE registration_id = ${registrationId})::int AS mine, count(*)::int AS total
       FROM inbox_callbacks WHERE processed_at IS NULL`);
@@ -162,4 +163,12 @@ export async function storeCallback(
 export async function openDependencies(db: CommonQueryMethods, limit: number): Promise<readonly DependencyRow[]> {
   return db.any(sql.type(dependencyRow)`
     SELECT * FROM dependencies WHERE state IN ('pending', 'waiting') AND next_poll_at <= now() ORDER BY next_poll_at LIMIT ${limit}`);
+}
+
+/** The tool result a resolved dependency stored (sealed), or null. */
+export async function dependencyResult(db: CommonQueryMethods, sealer: Sealer, id: string): Promise<string | null> {
+  const sealed = await db.maybeOneFirst(sql.type(z.object({ result: z.instanceof(Buffer).nullable() }))`SELECT result FROM dependencies WHERE id = ${id}`);
+  if (!sealed) return null;
+  const opened = sealer.openJson<string>(dependencyResultContext(id), sealed);
+  return opened.ok ? opened.value : null;
 }

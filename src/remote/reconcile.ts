@@ -6,15 +6,16 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
-import { databaseNow, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
+import { databaseNow, dependencyResult, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
 import type { RemoteAgents } from './remote-agents.js';
 import { judgeRemoteTask, type SdkTask } from './remote-task.js';
 import { randomBytes } from 'node:crypto';
 
 // Reconciliation: the callback body decides nothing. Keel asks the remote for the task (GetTask,
-// as the agent's owning client) and acts on that answer; resolution is one guarded update and the
-// run resumes through one guarded claim, in the same transaction, so duplicates, late callbacks,
-// a callback racing the poller, or two workers resolve and resume once.
+// as the agent's owning client) and acts on that answer. Resolution is one guarded update and the
+// run resumes through one guarded claim (two statements, each guarded), so duplicates, late
+// callbacks, a callback racing the poller, or two workers resolve and resume once; a run left
+// waiting between the two (a crash) is handed over again by the poller.
 
 export type ReconcileOutcome = 'resolved' | 'failed' | 'waiting' | 'not_ready' | 'already_done' | 'unreachable';
 
@@ -92,11 +93,7 @@ async function resumeIfWaiting(context: Pick<KeelContext, 'pool' | 'sealer' | 'q
   const opened = context.sealer.openJson<LoopState>(suspendedStateContext(dependency.run_id), run.suspended_state);
   if (!opened.ok || opened.value.pendingDependency?.dependencyId !== dependency.id) return false;
   let result = knownResult;
-  if (result === undefined) {
-    const row = await context.pool.maybeOneFirst(sql.type(z.object({ result: z.instanceof(Buffer).nullable() }))`SELECT result FROM dependencies WHERE id = ${dependency.id}`);
-    const sealed = row ? context.sealer.openJson<string>({ table: 'dependencies', column: 'result', rowId: dependency.id }, row) : null;
-    result = sealed?.ok ? sealed.value : JSON.stringify({ state: dependency.outcome ?? 'failed' });
-  }
+  result ??= (await dependencyResult(context.pool, context.sealer, dependency.id)) ?? JSON.stringify({ state: dependency.outcome ?? 'failed' });
   const claimed = await claimForResume(
     context.pool,
     dependency.run_id,

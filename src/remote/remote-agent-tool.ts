@@ -4,7 +4,7 @@ import type { DatabasePool } from 'slonik';
 import type { KeelConfig } from '../config/load-config.js';
 import type { Sealer } from '../sealing/sealer.js';
 import type { ToolDefinition, ToolResult } from '../tools/tool.js';
-import { acknowledgeDependency, createDependency, createRegistration, findDependency, resolveDependency, setRemoteConfigId } from './dependency-repository.js';
+import { acknowledgeDependency, createDependency, createRegistration, dependencyResult, findDependency, resolveDependency, setRemoteConfigId } from './dependency-repository.js';
 import type { RemoteAgents } from './remote-agents.js';
 import { judgeRemoteTask, type SdkTask } from './remote-task.js';
 
@@ -45,6 +45,11 @@ export function createRemoteAgentTool(config: KeelConfig, bind: () => RemoteTool
       // The same call after a crash: its dependency exists already; wait on it instead of sending twice.
       const earlier = await findDependency(pool, context.runId, context.toolCallId);
       if (earlier && (earlier.state === 'pending' || earlier.state === 'waiting')) return { kind: 'dependency', dependencyId: earlier.id };
+      if (earlier) {
+        // Already resolved (the run was retried after the remote answered): never send twice.
+        const stored = await dependencyResult(pool, sealer, earlier.id);
+        return { kind: 'ok', content: stored ?? JSON.stringify({ state: earlier.outcome ?? earlier.state }) };
+      }
       const lookup = await remotes.get(agentId);
       if (!lookup.ok) return { kind: 'error', message: lookup.message };
       const { remote } = lookup;

@@ -83,8 +83,8 @@ export async function freePort(): Promise<number> {
 export type SdkRemote = {
   url: string;
   cardUrl: string;
-  /** Requests that reached the SDK's request handler, by method. */
-  calls: { sendMessage: number; getTask: number; createPushConfig: number };
+  /** Requests that reached the SDK's request handler, by method (getTaskDone: GetTasks of a task already completed). */
+  calls: { sendMessage: number; getTask: number; getTaskDone: number; createPushConfig: number };
   /** Authorization headers of the JSON-RPC requests, in order. */
   authorizations: Array<string | undefined>;
   /** Push configs the SDK stored (embedded in a message or created separately), credentials included. */
@@ -95,7 +95,7 @@ export type SdkRemote = {
   tasks: Map<string, { text: string; completed: boolean }>;
   /** Events the push sender was asked to send (whether or not it sent them). */
   pushEvents: () => number;
-  /** Lets every held task complete. */
+  /** Lets every task held so far complete (later tasks are held again). */
   release: () => void;
   close: () => Promise<void>;
 };
@@ -109,7 +109,7 @@ export type SdkRemoteOptions = {
   sender?: 'default' | 'drop';
   /** How long the executor works before its artifact and COMPLETED (default 800 ms). */
   completeAfterMs?: number;
-  /** Hold every task WORKING until release(). */
+  /** Hold every task WORKING until the next release(). */
   hold?: boolean;
 };
 
@@ -120,14 +120,17 @@ export type SdkRemoteOptions = {
  * InMemoryPushNotificationStore and DefaultPushNotificationSender (Authorization: <scheme> <credentials>).
  */
 export async function startSdkRemote(options: SdkRemoteOptions): Promise<SdkRemote> {
-  const calls = { sendMessage: 0, getTask: 0, createPushConfig: 0 };
+  const calls = { sendMessage: 0, getTask: 0, getTaskDone: 0, createPushConfig: 0 };
   const authorizations: Array<string | undefined> = [];
   const pushConfigs: TaskPushNotificationConfig[] = [];
   const sentPushConfigs: Array<TaskPushNotificationConfig | null> = [];
   const tasks = new Map<string, { text: string; completed: boolean }>();
   let pushEvents = 0;
+  // Held tasks wait on the current gate; release() opens it and sets a new one for later tasks.
   let releaseAll: () => void = () => undefined;
-  const released = new Promise<void>((resolve) => (releaseAll = resolve));
+  let released = Promise.resolve();
+  const newGate = () => (released = new Promise<void>((resolve) => (releaseAll = resolve)));
+  newGate();
 
   class TestExecutor implements AgentExecutor {
     cancelTask = async (_taskId: string, _eventBus: ExecutionEventBus): Promise<void> => {};
@@ -209,6 +212,7 @@ export async function startSdkRemote(options: SdkRemoteOptions): Promise<SdkRemo
     }
     override async getTask(...args: Parameters<DefaultRequestHandler['getTask']>) {
       calls.getTask += 1;
+      if (tasks.get(args[0].id)?.completed) calls.getTaskDone += 1;
       return super.getTask(...args);
     }
     override async createTaskPushNotificationConfig(...args: Parameters<DefaultRequestHandler['createTaskPushNotificationConfig']>) {
@@ -245,7 +249,11 @@ export async function startSdkRemote(options: SdkRemoteOptions): Promise<SdkRemo
     sentPushConfigs,
     tasks,
     pushEvents: () => pushEvents,
-    release: () => releaseAll(),
+    release: () => {
+      const open = releaseAll;
+      newGate();
+      open();
+    },
     close: async () => {
       releaseAll();
       for (const socket of sockets) socket.destroy();
@@ -366,11 +374,14 @@ export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeR
             return answer({ task: { id: taskId, contextId, status: { state: 'TASK_STATE_WORKING' } } });
           }
           case 'GetTask': {
-            if (options.getTaskDelayMs) await sleep(options.getTaskDelayMs);
-            if (getTaskMode === 'unavailable') return send(503, { error: 'unavailable' });
+            // The task as it is when the request arrives, answered after the delay.
             const taskId = String(rpc.params?.id ?? '');
-            if (!contexts.has(taskId)) return send(200, { jsonrpc: '2.0', id: rpc.id, error: { code: -32001, message: 'task not found' } });
-            return answer(taskJson(taskId));
+            const mode = getTaskMode;
+            const task = contexts.has(taskId) ? taskJson(taskId) : null;
+            if (options.getTaskDelayMs) await sleep(options.getTaskDelayMs);
+            if (mode === 'unavailable') return send(503, { error: 'unavailable' });
+            if (!task) return send(200, { jsonrpc: '2.0', id: rpc.id, error: { code: -32001, message: 'task not found' } });
+            return answer(task);
           }
           case 'CreateTaskPushNotificationConfig': {
             const created = { ...rpc.params, id: rpc.params?.id || `cfg-${createdConfigs.length + 1}` };
@@ -565,4 +576,29 @@ export async function callbackBodies(keel: TestKeel, dependencyId: string): Prom
     if (!opened.ok) throw new Error(`callback ${row.id} cannot be opened`);
     return opened.value;
   });
+}
+
+export type FakeDelegation = LocalTask & { send: FakeSend; registrationId: string; inboxUrl: string; credential: string; dependency: DependencyView };
+
+/**
+ * Delegates through agent `to-<remoteId>` to a fake remote that takes push (embedded) and waits
+ * until the run waits on its dependency: returns the callback URL and credential the remote got.
+ */
+export async function delegateToFake(keel: TestKeel, token: string, remoteId: string, fake: FakeRemote): Promise<FakeDelegation> {
+  const local = await sendLocal(keel, token, `to-${remoteId}`, `delegate to ${remoteId}`);
+  await waitFor(
+    async () => (await runSummary(keel.context.pool, local.runId)).status === 'waiting_for_dependency',
+    `run ${local.runId} to wait for its dependency`,
+  );
+  const dependency = await waitForDependency(keel.context.pool, local.runId, (row) => row.remote_task_id !== null);
+  const send = fake.sends.find((candidate) => candidate.taskId === dependency.remote_task_id);
+  if (!send?.pushConfig?.authentication) throw new Error('the fake remote got no push config');
+  return {
+    ...local,
+    send,
+    registrationId: registrationIdOf(send.pushConfig.url),
+    inboxUrl: send.pushConfig.url,
+    credential: send.pushConfig.authentication.credentials,
+    dependency,
+  };
 }

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
@@ -34,6 +34,8 @@ let separate: SdkRemote;
 let polled: SdkRemote;
 
 beforeAll(async () => {
+  // The SDK's push sender logs every push on console.info.
+  vi.spyOn(console, 'info').mockImplementation(() => undefined);
   [embedded, separate, polled] = await Promise.all([startSdkRemote({ push: true }), startSdkRemote({ push: true }), startSdkRemote({ push: false })]);
   keel = await startTestKeel({
     env: { SDK_REMOTE_TOKEN: SDK_CREDENTIAL },
@@ -100,11 +102,7 @@ async function expectPushedCompletion(dependencyId: string, remoteTaskId: string
       return done && rows.every((row) => row.processed_at !== null) ? rows : null;
     },
     'the remote to push its completion and the inbox to process it',
-    5000,
-  ).catch(async (error) => {
-    console.log('DEBUG', await callbacksOfDependency(pool(), dependencyId), JSON.stringify(await callbackBodies(keel, dependencyId)));
-    throw error;
-  });
+  );
   const bodies = await callbackBodies(keel, dependencyId);
   // Whatever the remote pushed is about its task; the bodies are kept for the record only.
   for (const body of bodies) {
