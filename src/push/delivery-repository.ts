@@ -116,9 +116,9 @@ export async function loadDelivery(db: CommonQueryMethods, deliveryId: string): 
 }
 
 /** The next pending delivery of a config (its head), if any. */
-export async function headOfConfig(db: CommonQueryMethods, taskId: string, configId: string): Promise<{ id: string; next_attempt_at: number } | null> {
-  return db.maybeOne(sql.type(z.object({ id: z.string(), next_attempt_at: z.number() }))`
-    SELECT id, next_attempt_at FROM push_deliveries
+export async function headOfConfig(db: CommonQueryMethods, taskId: string, configId: string): Promise<{ id: string; attempts: number; next_attempt_at: number } | null> {
+  return db.maybeOne(sql.type(z.object({ id: z.string(), attempts: z.number(), next_attempt_at: z.number() }))`
+    SELECT id, attempts, next_attempt_at FROM push_deliveries
     WHERE task_id = ${taskId} AND config_id = ${configId} AND state = 'pending'
     ORDER BY event_sequence LIMIT 1`);
 }

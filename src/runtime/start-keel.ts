@@ -12,8 +12,8 @@ import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
 import { createRunExecutor } from '../../workers/run-executor.js';
 import { createProjectorProcessor } from '../../workers/projector.js';
-import { createPushDeliveryProcessor } from '../../workers/push-delivery.js';
-import { deliveryJobId, inboxJobId } from '../queue/job-ids.js';
+import { createPushDeliveryProcessor, wakeHeadsOfNewDeliveries } from '../../workers/push-delivery.js';
+import { inboxJobId } from '../queue/job-ids.js';
 import { createInboxReconcileProcessor } from '../../workers/inbox-reconcile.js';
 import { registerInboxRoutes } from '../remote/inbox-routes.js';
 import { createRemoteAgentTool, type RemoteToolDeps } from '../remote/remote-agent-tool.js';
@@ -105,7 +105,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const localClient = await ensureLocalClient(database.pool, config, logger, options.notice ? { write: options.notice } : {});
   if (localClient.action === 'failed') return fail('clients', localClient.message);
 
-  const queues = new KeelQueues(queueBackendFor(config, database.url), logger);
+  const queues = new KeelQueues(queueBackendFor(config, database.url), logger, { lockDurationMs: Math.min(30_000, config.runs.leaseSeconds * 1000) });
   cleanup.push(() => queues.close());
   const queueReady = await queues.waitUntilReady().then(() => null, (error: Error) => error);
   if (queueReady) return fail('queue', `queue backend (${queues.backend.kind}) is not reachable: ${queueReady.message}`);
@@ -127,9 +127,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const projectionOptions = {
     push: { deadlineHours: config.push.deadlineHours, maxPendingPerConfig: config.push.maxPendingPerConfig, maxPendingTotal: config.push.maxPendingTotal },
   };
-  const enqueueDeliveries = async (result: { deliveryIds: string[] }) => {
-    for (const id of result.deliveryIds) await queues.addJob('push', deliveryJobId(id), { deliveryId: id });
-  };
+  // A wake-up for the head of each config that got deliveries (the rest follow in order).
+  const enqueueDeliveries = (result: { deliveryIds: string[] }) => wakeHeadsOfNewDeliveries({ pool: database.pool, queues }, result.deliveryIds);
   const projector = new ProjectionScheduler(database.pool, sealing.sealer, logger, projectionOptions, enqueueDeliveries);
   const listener = new JournalListener(database.url, logger);
   const listening = await listener.start().then(() => null, (error: Error) => error);

@@ -59,6 +59,20 @@ afterAll(async () => {
   await keel?.dispose();
 });
 
+/** Answers each of the task's questions once its INPUT_REQUIRED is journaled. */
+async function answerEveryRound(on: TestKeel, taskId: string): Promise<void> {
+  const pool = on.context.pool;
+  let asked = 0;
+  for (let round = 1; round <= ROUNDS; round += 1) {
+    asked = await waitFor(async () => {
+      const journal = await journalOf(pool, on.context.sealer, taskId);
+      return journal.find((event) => event.sequence > asked && event.state === 'TASK_STATE_INPUT_REQUIRED')?.sequence ?? null;
+    }, `round ${round} to ask`);
+    await waitForRunStatus(pool, taskId, ['waiting_for_input']);
+    expect((await provideRunInput(on.context, taskId, { colour: round % 2 ? 'red' : 'blue' })).ok).toBe(true);
+  }
+}
+
 describe('bounds per config', () => {
   it('a paused config keeps at most the newest status; every artifact and the terminal event are delivered after resume, in order', async () => {
     let answer = 401;
@@ -67,16 +81,7 @@ describe('bounds per config', () => {
     const pool = keel.context.pool;
     await waitFor(async () => (await configState(pool, taskId, 'bounded'))?.state === 'paused', 'the config to pause');
 
-    let asked = 0;
-    for (let round = 1; round <= ROUNDS; round += 1) {
-      // This round's INPUT_REQUIRED is in the journal before the answer is given.
-      asked = await waitFor(async () => {
-        const journal = await journalOf(pool, keel.context.sealer, taskId);
-        return journal.find((event) => event.sequence > asked && event.state === 'TASK_STATE_INPUT_REQUIRED')?.sequence ?? null;
-      }, `round ${round} to ask`);
-      await waitForRunStatus(pool, taskId, ['waiting_for_input']);
-      expect((await provideRunInput(keel.context, taskId, { colour: round % 2 ? 'red' : 'blue' })).ok).toBe(true);
-    }
+    await answerEveryRound(keel, taskId);
     await waitForTerminalEvent(pool, taskId);
 
     const journal = await journalOf(pool, keel.context.sealer, taskId);
@@ -118,5 +123,33 @@ describe('bounds per config', () => {
     // Every artifact reached the receiver; the last thing it got is the terminal state.
     expect(afterResume.filter((request) => 'artifactUpdate' in request.body)).toHaveLength(artifacts.length);
     expect(afterResume.at(-1)!.body.statusUpdate.status.state).toBe('TASK_STATE_COMPLETED');
+  });
+});
+
+describe('bounds in total', () => {
+  let other: TestKeel | undefined;
+  afterAll(async () => other?.dispose());
+
+  it('over push.maxPendingTotal the oldest coalescible status events go first; artifacts and the terminal event stay', async () => {
+    await keel.stop();
+    other = await startTestKeel({ overrides: { ...overrides, KEEL_PUSH_MAX_PENDING_PER_CONFIG: '1000', KEEL_PUSH_MAX_PENDING_TOTAL: '4' } });
+    const otherToken = await newClientToken(other.context.pool);
+    const paused = await startReceiver(() => ({ status: 401 }));
+    try {
+      const { taskId } = await sendWithPush(other.url, otherToken, 'asker', 'ask me', { id: 'total', url: paused.url });
+      await answerEveryRound(other, taskId);
+      await waitForTerminalEvent(other.context.pool, taskId);
+      const rows = await deliveriesOf(other.context.pool, taskId, 'total');
+      const superseded = rows.filter((row) => row.state === 'superseded');
+      expect(superseded.length).toBeGreaterThanOrEqual(2 * ROUNDS - 1);
+      expect(superseded.every((row) => row.kind === 'status' && row.event_state !== 'TASK_STATE_COMPLETED')).toBe(true);
+      expect(superseded.every((row) => row.last_outcome === 'coalesced: over the total pending bound')).toBe(true);
+      const pending = rows.filter((row) => row.state === 'pending');
+      expect(pending.filter((row) => row.kind === 'artifact').length).toBe(rows.filter((row) => row.kind === 'artifact').length);
+      expect(pending.some((row) => row.event_state === 'TASK_STATE_COMPLETED')).toBe(true);
+      expect(pending.filter((row) => row.kind === 'status' && row.event_state !== 'TASK_STATE_COMPLETED').length).toBeLessThanOrEqual(1);
+    } finally {
+      await paused.close();
+    }
   });
 });
