@@ -23,6 +23,7 @@ import { scrubTaskContent, tightenTaskContent, writeTaskStatusMessage } from '..
 import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun } from '../src/runs/complete-run.js';
+import { isConnectionError } from '../src/db/pool.js';
 import { LeaseKeeper } from '../src/runs/lease-keeper.js';
 import { appendRunOutputs, outputFromEmission, scrubRunOutputs } from '../src/runs/run-output-repository.js';
 import {
@@ -477,6 +478,9 @@ export function createRunExecutor(
             ...(result.presentation ? { presentation: result.presentation } : {}),
             totals,
           }).catch(async (error: Error) => {
+            // The database out of reach is not the result's fault: the run keeps its claim, its lease
+            // expires and the reaper requeues it (settling it as failed could not be written anyway).
+            if (isConnectionError(error)) throw error;
             runLog.error({ err: error }, 'the result could not be stored; failing the run');
             return settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
           });
@@ -533,6 +537,7 @@ export function createRunExecutor(
             if (state.pendingDependency) onDependencyWait(state.pendingDependency.dependencyId);
             return { kind: 'suspended', status: result.status };
           } catch (error) {
+            if (isConnectionError(error)) throw error;
             // A suspension that cannot be stored fails the run rather than promise a decision.
             runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
             const reason = result.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';

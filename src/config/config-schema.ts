@@ -230,6 +230,8 @@ const inboxSchema = z
   .object({
     maxPendingPerRegistration: z.number().int().min(1).max(100_000).default(100),
     maxPendingTotal: z.number().int().min(1).max(10_000_000).default(10_000),
+    /** How long a delegation whose message was never acknowledged (its sender died mid-send) waits before it fails. */
+    unacknowledgedGiveUpSeconds: z.number().positive().max(86_400).default(600),
   })
   .strict();
 

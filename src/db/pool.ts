@@ -1,4 +1,7 @@
 import {
+  BackendTerminatedError,
+  BackendTerminatedUnexpectedlyError,
+  ConnectionError,
   createDateTypeParser,
   createIntervalTypeParser,
   createNumericTypeParser,
@@ -50,4 +53,23 @@ export async function pingDatabase(pool: DatabasePool): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/** SQLSTATEs of a lost or refused connection: class 08, and the server shutting down or starting up. */
+const CONNECTION_STATES = /^(08...|57P0[1-3])$/;
+const CONNECTION_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH']);
+
+/**
+ * Whether an error (or its cause) means the database could not be reached: a transient condition a
+ * retry outlives, unlike a query the database refused. Work that hits it is left to its lease and
+ * the reaper, never settled as failed.
+ */
+export function isConnectionError(error: unknown): boolean {
+  for (let current = error, depth = 0; current instanceof Error && depth < 5; current = (current as { cause?: unknown }).cause, depth += 1) {
+    if (current instanceof BackendTerminatedError || current instanceof BackendTerminatedUnexpectedlyError || current instanceof ConnectionError) return true;
+    const code = (current as { code?: unknown }).code;
+    if (typeof code === 'string' && (CONNECTION_STATES.test(code) || CONNECTION_CODES.has(code))) return true;
+    if (/Connection terminated/i.test(current.message)) return true;
+  }
+  return false;
 }

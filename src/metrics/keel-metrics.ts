@@ -1,7 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import { sql, type DatabasePool } from 'slonik';
+import { sql, type DatabaseConnection, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { REASONS_BY_TERMINAL_STATUS, RUN_STATUSES, TERMINAL_RUN_STATUSES } from '../../machines/run.machine.js';
 import { DELIVERY_STATES } from '../../machines/delivery.machine.js';
@@ -25,7 +25,9 @@ export type MetricsDeps = { pool: DatabasePool; queues: KeelQueues; logger: Keel
 export const ATTEMPT_OUTCOMES = ['delivered', 'retry', 'paused', 'stopped', 'dead'] as const;
 export const DELAY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
 const HTTP_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
-const COUNTED_JOB_STATES = ['waiting', 'prioritized', 'delayed', 'active', 'waiting-children', 'failed'] as const;
+// A paused queue's jobs: on Redis BullMQ 6 keeps them 'waiting'; the Postgres backend counts them as 'paused'.
+const COUNTED_JOB_STATES = ['waiting', 'paused', 'prioritized', 'delayed', 'active', 'waiting-children', 'failed'] as const;
+const WAITING_STATES = ['waiting', 'paused', 'prioritized'] as const;
 
 const digest = (value: string) => createHash('sha256').update(value, 'utf8').digest();
 
@@ -59,7 +61,7 @@ export class KeelMetrics {
       labelNames: ['outcome'],
       registers,
     });
-    this.queueDepth = new Gauge({ name: 'keel_queue_depth', help: 'Jobs waiting to be processed (waiting, prioritized, delayed) per queue', labelNames: ['queue'], registers });
+    this.queueDepth = new Gauge({ name: 'keel_queue_depth', help: 'Jobs not yet being processed (waiting, paused, prioritized, delayed) per queue', labelNames: ['queue'], registers });
     this.queueJobs = new Gauge({ name: 'keel_queue_jobs', help: 'Jobs per queue and BullMQ state', labelNames: ['queue', 'state'], registers });
     this.queueAge = new Gauge({ name: 'keel_queue_oldest_waiting_seconds', help: 'Age of the oldest job waiting to be processed per queue (0 when none)', labelNames: ['queue'], registers });
     this.lagRevisions = new Gauge({
@@ -114,20 +116,24 @@ export class KeelMetrics {
   }
 
   private async readDatabase(): Promise<void> {
-    const { pool } = this.deps;
-    const [runs, tasks, configs, deliveries, attempts, lag, inbox, delay] = await Promise.all([
-      pool.any(sql.type(z.object({ status: z.string(), reason: z.string(), n: z.number() }))`
-        SELECT status, coalesce(termination_reason, '') AS reason, count(*)::int AS n FROM runs GROUP BY 1, 2`),
-      pool.any(sql.type(z.object({ state: z.string(), n: z.number() }))`SELECT state, count(*)::int AS n FROM a2a_tasks GROUP BY 1`),
-      pool.any(sql.type(z.object({ state: z.string(), n: z.number() }))`SELECT state, count(*)::int AS n FROM push_configs WHERE deleted_at IS NULL GROUP BY 1`),
-      pool.any(sql.type(z.object({ state: z.string(), n: z.number() }))`SELECT state, count(*)::int AS n FROM push_deliveries GROUP BY 1`),
-      pool.any(sql.type(z.object({ outcome: z.string(), n: z.number() }))`SELECT outcome, count(*)::int AS n FROM push_attempts GROUP BY 1`),
-      pool.one(sql.type(z.object({ revisions: z.number(), tasks: z.number() }))`
+    // One connection per scrape, statements in turn: a scrape never takes the pool from requests.
+    await this.deps.pool.connect((connection) => this.readWith(connection));
+  }
+
+  private async readWith(db: DatabaseConnection): Promise<void> {
+    const byState = z.object({ state: z.string(), n: z.number() });
+    const runs = await db.any(sql.type(z.object({ status: z.string(), reason: z.string(), n: z.number() }))`
+      SELECT status, coalesce(termination_reason, '') AS reason, count(*)::int AS n FROM runs GROUP BY 1, 2`);
+    const tasks = await db.any(sql.type(byState)`SELECT state, count(*)::int AS n FROM a2a_tasks GROUP BY 1`);
+    const configs = await db.any(sql.type(byState)`SELECT state, count(*)::int AS n FROM push_configs WHERE deleted_at IS NULL GROUP BY 1`);
+    const deliveries = await db.any(sql.type(byState)`SELECT state, count(*)::int AS n FROM push_deliveries GROUP BY 1`);
+    const attempts = await db.any(sql.type(z.object({ outcome: z.string(), n: z.number() }))`SELECT outcome, count(*)::int AS n FROM push_attempts GROUP BY 1`);
+    const lag = await db.one(sql.type(z.object({ revisions: z.number(), tasks: z.number() }))`
         SELECT coalesce(sum(greatest(r.revision - t.revision, 0)), 0)::bigint AS revisions, count(*) FILTER (WHERE r.revision > t.revision)::int AS tasks
         FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
-        WHERE t.projected_state <> ALL(${sql.array([...TERMINAL_TASK_STATES], 'text')})`),
-      this.readInboxPending(),
-      pool.one(sql.type(z.object({ buckets: z.array(z.number()), n: z.number(), total: z.number() }))`
+        WHERE t.projected_state <> ALL(${sql.array([...TERMINAL_TASK_STATES], 'text')})`);
+    const inbox = await this.readInboxPending(db);
+    const delay = await db.one(sql.type(z.object({ buckets: z.array(z.number()), n: z.number(), total: z.number() }))`
         SELECT ARRAY[${sql.join(
           DELAY_BUCKETS.map((bound) => sql.fragment`count(*) FILTER (WHERE delay <= ${bound})::int`),
           sql.fragment`, `,
@@ -136,8 +142,7 @@ export class KeelMetrics {
           SELECT greatest(extract(epoch FROM d.ended_at - e.created_at), 0)::float8 AS delay
           FROM push_deliveries d JOIN a2a_events e ON e.task_id = d.task_id AND e.sequence = d.event_sequence
           WHERE d.state = 'delivered' AND d.ended_at IS NOT NULL
-        ) delivered`),
-    ]);
+        ) delivered`);
 
     this.runs.reset();
     for (const status of RUN_STATUSES) {
@@ -164,11 +169,10 @@ export class KeelMetrics {
     for (const row of rows) gauge.set({ state: row.state }, row.n);
   }
 
-  private async readInboxPending(): Promise<number> {
-    const { pool } = this.deps;
-    const present = await pool.oneFirst(sql.type(z.object({ present: z.boolean() }))`SELECT to_regclass('inbox_callbacks') IS NOT NULL AS present`);
+  private async readInboxPending(db: DatabaseConnection): Promise<number> {
+    const present = await db.oneFirst(sql.type(z.object({ present: z.boolean() }))`SELECT to_regclass('inbox_callbacks') IS NOT NULL AS present`);
     if (!present) return 0;
-    return pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM inbox_callbacks WHERE processed_at IS NULL`);
+    return db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM inbox_callbacks WHERE processed_at IS NULL`);
   }
 
   private async readQueues(): Promise<void> {
@@ -178,9 +182,9 @@ export class KeelMetrics {
       QUEUE_NAMES.map(async (name) => {
         try {
           const queue = queues.queue(name);
-          const counts = await queue.getJobCounts(...COUNTED_JOB_STATES);
+          const counts = await queue.getJobCounts(...(COUNTED_JOB_STATES as unknown as never[]));
           // The oldest job due now: BullMQ lists waiting jobs newest first unless asked ascending.
-          const oldest = await queue.getJobs(['waiting', 'prioritized'], 0, 0, true);
+          const oldest = await queue.getJobs([...WAITING_STATES] as never, 0, 0, true);
           const stamps = oldest.filter((job) => job).map((job) => job.timestamp + (job.delay ?? 0));
           return { name, counts, age: stamps.length > 0 ? Math.max(0, (now - Math.min(...stamps)) / 1000) : 0 };
         } catch (error) {
@@ -195,7 +199,7 @@ export class KeelMetrics {
     for (const result of results) {
       if (!result) continue;
       const count = (state: string) => Number((result.counts as Record<string, number>)[state] ?? 0);
-      this.queueDepth.set({ queue: result.name }, count('waiting') + count('prioritized') + count('delayed'));
+      this.queueDepth.set({ queue: result.name }, count('waiting') + count('paused') + count('prioritized') + count('delayed'));
       for (const state of COUNTED_JOB_STATES) this.queueJobs.set({ queue: result.name, state }, count(state));
       this.queueAge.set({ queue: result.name }, result.age);
     }

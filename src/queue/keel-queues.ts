@@ -30,8 +30,17 @@ export class KeelQueues {
   private readonly workers: Worker[] = [];
   private readonly logger: KeelLogger;
 
-  constructor(backend: QueueBackend, logger: KeelLogger) {
+  /**
+   * How long a worker's job lock lasts (renewed while the job runs) and how often stalled jobs are
+   * looked for. A job a dead worker had taken is handed out again only once its lock expired: until
+   * then the sweeper sees it 'active' and restores nothing (a run taken but not yet claimed stays
+   * QUEUED), so this follows the run lease when that is shorter than BullMQ's 30 s.
+   */
+  private readonly lockDurationMs: number;
+
+  constructor(backend: QueueBackend, logger: KeelLogger, options: { lockDurationMs?: number } = {}) {
     this.backend = backend;
+    this.lockDurationMs = options.lockDurationMs ?? 30_000;
     this.logger = logger.child({ component: 'queues', backend: backend.kind });
   }
 
@@ -79,7 +88,11 @@ export class KeelQueues {
     const workerOptions = {
       ...this.baseOptions(),
       concurrency: options.concurrency ?? 1,
-      lockDuration: options.lockDurationMs ?? 30_000,
+      lockDuration: options.lockDurationMs ?? this.lockDurationMs,
+      stalledInterval: options.lockDurationMs ?? this.lockDurationMs,
+      // After a backend error (Postgres restarted, Redis back) the worker fetches again after this
+      // long; BullMQ's 15 s left every queue idle that long after the database was back.
+      runRetryDelay: 1000,
       autorun: true,
     };
     const worker =

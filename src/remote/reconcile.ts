@@ -6,7 +6,7 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
-import { databaseNow, dependencyResult, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
+import { acknowledgeDependency, callbackBodyContext, databaseNow, dependencyResult, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
 import type { RemoteAgents } from './remote-agents.js';
 import { judgeRemoteTask, type SdkTask } from './remote-task.js';
 import { randomBytes } from 'node:crypto';
@@ -19,6 +19,7 @@ import { randomBytes } from 'node:crypto';
 
 export type ReconcileOutcome = 'resolved' | 'failed' | 'waiting' | 'not_ready' | 'already_done' | 'unreachable';
 
+/** The default of `inbox.unacknowledgedGiveUpSeconds`. */
 const PENDING_GIVE_UP_MS = 10 * 60_000;
 
 /** Poll backoff: min(2 s × 2^polls, 5 min). */
@@ -26,17 +27,23 @@ export const pollDelayMs = (polls: number) => Math.min(5 * 60_000, 2000 * 2 ** M
 
 const runState = z.object({ status: z.string(), revision: z.number(), suspended_state: z.instanceof(Buffer).nullable() });
 
-export async function reconcileDependency(context: Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'>, remotes: RemoteAgents, dependencyId: string): Promise<ReconcileOutcome> {
-  const dependency = await getDependency(context.pool, dependencyId);
+export async function reconcileDependency(
+  context: Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'> & { config?: Pick<KeelContext['config'], 'inbox'> },
+  remotes: RemoteAgents,
+  dependencyId: string,
+): Promise<ReconcileOutcome> {
+  let dependency = await getDependency(context.pool, dependencyId);
   if (!dependency) return 'already_done';
   if (dependency.state === 'resolved' || dependency.state === 'failed') {
     await markCallbacksProcessed(context.pool, dependencyId);
     return (await resumeIfWaiting(context, dependency)) ? dependency.state : 'already_done';
   }
+  if (dependency.state === 'pending' || !dependency.remote_task_id) dependency = (await adoptRemoteTask(context, dependency)) ?? dependency;
   if (dependency.state === 'pending' || !dependency.remote_task_id) {
     // A callback before the remote task id is known is kept; it is reconciled once the id is
     // stored. A message never acknowledged (the sender crashed mid-send) fails after a while.
-    if (Date.now() - dependency.created_at > PENDING_GIVE_UP_MS) {
+    const giveUpMs = context.config ? context.config.inbox.unacknowledgedGiveUpSeconds * 1000 : PENDING_GIVE_UP_MS;
+    if (Date.now() - dependency.created_at > giveUpMs) {
       await resolveDependency(context.pool, context.sealer, dependencyId, 'FAILED', 'not_acknowledged', JSON.stringify({ state: 'failed', message: 'the remote agent never acknowledged the message' }));
       await resumeIfWaiting(context, { ...dependency, state: 'failed', outcome: 'not_acknowledged' });
       return 'failed';
@@ -80,6 +87,30 @@ export async function reconcileDependency(context: Pick<KeelContext, 'pool' | 's
   const fresh = await getDependency(context.pool, dependencyId);
   await resumeIfWaiting(context, fresh ?? dependency, verdict.result);
   return verdict.kind;
+}
+
+const callbackRow = z.object({ id: z.string(), body: z.instanceof(Buffer) });
+
+/**
+ * A sender that died after its message went out never stored the remote task id, and the run
+ * retried after it waits on the same pending dependency. The remote's callbacks reach this
+ * dependency's own registration, whose credential went out only in that message: the task they
+ * name is the one it created. Its id is adopted (a guarded pending → waiting, as the sender would
+ * have); its state still comes from GetTask, never from the callback.
+ */
+async function adoptRemoteTask(context: Pick<KeelContext, 'pool' | 'sealer'>, dependency: DependencyRow): Promise<DependencyRow | null> {
+  const callback = await context.pool.maybeOne(sql.type(callbackRow)`
+    SELECT c.id, c.body FROM inbox_callbacks c JOIN inbox_registrations r ON r.id = c.registration_id
+    WHERE r.dependency_id = ${dependency.id} ORDER BY c.received_at DESC LIMIT 1`);
+  if (!callback) return null;
+  const opened = context.sealer.openJson<Record<string, { id?: unknown; taskId?: unknown; contextId?: unknown } | undefined>>(callbackBodyContext(callback.id), callback.body);
+  if (!opened.ok) return null;
+  const { task, statusUpdate, artifactUpdate } = opened.value;
+  const taskId = task?.id ?? statusUpdate?.taskId ?? artifactUpdate?.taskId;
+  const contextId = task?.contextId ?? statusUpdate?.contextId ?? artifactUpdate?.contextId;
+  if (typeof taskId !== 'string' || taskId === '') return null;
+  await acknowledgeDependency(context.pool, dependency.id, taskId, typeof contextId === 'string' ? contextId : null);
+  return getDependency(context.pool, dependency.id);
 }
 
 /**

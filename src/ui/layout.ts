@@ -69,7 +69,9 @@ input, select { font: inherit; padding: 4px 6px; border: 1px solid #c5ccd6; bord
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; margin: 0 0 10px; }
 dl.facts dt { color: #6b7585; }
 dl.facts dd { margin: 0; }
-.machine { background: #fff; border: 1px solid #e1e5eb; border-radius: 8px; padding: 10px 14px 12px; margin: 0 0 16px; overflow-x: auto; }
+.machines { display: flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
+.machine { background: #fff; border: 1px solid #e1e5eb; border-radius: 8px; padding: 10px 14px 12px; overflow-x: auto; flex: 0 1 auto; max-width: 100%; }
+td.time { white-space: nowrap; }
 .machine h2 { margin: 0 0 4px; }
 .machine .meta { font-size: 12px; color: #6b7585; margin-bottom: 6px; }
 .live { font-size: 12px; color: #6b7585; }

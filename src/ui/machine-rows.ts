@@ -171,31 +171,40 @@ export async function tableExists(db: CommonQueryMethods, table: string): Promis
   return db.oneFirst(sql.type(z.object({ present: z.boolean() }))`SELECT to_regclass(${table}) IS NOT NULL AS present`);
 }
 
-const countRow = z.object({ state: z.string(), n: z.number() });
+const countRow = z.object({ machine: z.string(), state: z.string(), n: z.number() });
 
 /**
  * Rows per state of each machine: every state of the machine is present (0 when empty); a
  * machine whose table is missing maps every state to null; a machine without a row source is absent.
+ * Two statements whatever the number of machines (pages poll this every second).
  */
 export async function countStates(db: CommonQueryMethods, catalog: readonly CatalogEntry[]): Promise<Record<string, Record<string, number | null>>> {
-  const result: Record<string, Record<string, number | null>> = {};
-  await Promise.all(
-    catalog.map(async (entry) => {
-      const source = ROW_SOURCES[entry.id];
-      if (!source) return;
-      const states = entry.model.states.map((state) => state.name);
-      if (!(await tableExists(db, source.table))) {
-        result[entry.id] = Object.fromEntries(states.map((state) => [state, null]));
-        return;
-      }
-      const rows = await db.any(sql.type(countRow)`
-        SELECT ${sql.identifier([source.column])}::text AS state, count(*)::int AS n FROM ${sql.identifier([source.table])}
-        WHERE ${source.where ?? sql.fragment`true`} GROUP BY 1`);
-      const counts: Record<string, number | null> = Object.fromEntries(states.map((state) => [state, 0]));
-      for (const row of rows) counts[row.state] = row.n;
-      result[entry.id] = counts;
-    }),
+  const bound = catalog.flatMap((entry) => (ROW_SOURCES[entry.id] ? [{ entry, source: ROW_SOURCES[entry.id]! }] : []));
+  const tables = [...new Set(bound.map(({ source }) => source.table))];
+  const present = new Set(
+    tables.length === 0
+      ? []
+      : await db.anyFirst(sql.type(z.object({ name: z.string() }))`
+          SELECT name FROM unnest(${sql.array(tables, 'text')}) AS name WHERE to_regclass(name) IS NOT NULL`),
   );
+  const counted = bound.filter(({ source }) => present.has(source.table));
+  const rows =
+    counted.length === 0
+      ? []
+      : await db.any(sql.type(countRow)`${sql.join(
+          counted.map(
+            ({ entry, source }) => sql.fragment`
+              (SELECT ${entry.id}::text AS machine, ${sql.identifier([source.column])}::text AS state, count(*)::int AS n
+               FROM ${sql.identifier([source.table])} WHERE ${source.where ?? sql.fragment`true`} GROUP BY 2)`,
+          ),
+          sql.fragment` UNION ALL `,
+        )}`);
+  const result: Record<string, Record<string, number | null>> = {};
+  for (const { entry, source } of bound) {
+    const counts: Record<string, number | null> = Object.fromEntries(entry.model.states.map((state) => [state.name, present.has(source.table) ? 0 : null]));
+    for (const row of rows) if (row.machine === entry.id) counts[row.state] = row.n;
+    result[entry.id] = counts;
+  }
   return result;
 }
 

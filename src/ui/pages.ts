@@ -52,6 +52,7 @@ export function machinesContent(catalog: readonly CatalogEntry[], counts: Record
   return html`<h1>Machines</h1>
 <p class="muted">Each lifecycle drawn from its XState definition in <code>machines/</code>, with the number of rows in each state now.
 Click a state to list its rows. Dashed edges lead back to an earlier state; italic labels are guarded transitions.</p>
+<div class="machines">
 ${catalog.map((entry) => {
   const source = ROW_SOURCES[entry.id];
   const machineCounts = counts[entry.id];
@@ -75,7 +76,8 @@ ${catalog.map((entry) => {
     <pre>${toMermaid(entry.model)}</pre>
   </details>
 </section>`;
-})}`;
+})}
+</div>`;
 }
 
 export function stateRowsContent(entry: CatalogEntry, state: string, list: RowList | null, limit: number): Html {
@@ -116,7 +118,7 @@ ${runs.length === 0
     ? html`<p class="muted">No run matches.</p>`
     : html`<table id="runs"><thead><tr><th>run</th><th>agent</th><th>status</th><th>reason</th><th>task state</th><th>client</th><th>created</th></tr></thead><tbody>
 ${runs.map((run) => html`<tr data-run="${run.id}"><td class="mono"><a href="${runHref(run.id)}">${run.id}</a></td><td>${run.agent}</td><td>${pill(run.status)}</td>
-  <td>${run.termination_reason ?? ''}${run.truncated ? html` <span class="muted">(truncated)</span>` : ''}</td><td>${pill(run.task_state)}</td><td>${run.client ?? html`<span class="muted">–</span>`}</td><td>${formatTime(run.created_at)}</td></tr>`)}
+  <td>${run.termination_reason ?? ''}${run.truncated ? html` <span class="muted">(truncated)</span>` : ''}</td><td>${pill(run.task_state)}</td><td>${run.client ?? html`<span class="muted">–</span>`}</td><td class="time">${formatTime(run.created_at)}</td></tr>`)}
 </tbody></table>`}
 ${older ? html`<p><a href="/ui/runs${older}">Older runs →</a></p>` : ''}`;
 }
@@ -229,7 +231,7 @@ ${data.deliveries.map((delivery) => html`<tr><td class="mono"><a href="${pushCon
 ${data.events.length === 0
     ? html`<p class="muted">No events recorded${run.audit_level === 'none' ? ' (the audit level is none)' : ''}.</p>`
     : html`<table id="timeline"><thead><tr><th class="num">#</th><th>at</th><th>event</th><th>detail</th></tr></thead><tbody>
-${data.events.map((event) => html`<tr><td class="num">${event.sequence}</td><td>${formatTime(event.created_at)}</td><td>${event.kind}</td><td><code>${JSON.stringify(event.payload)}</code></td></tr>`)}
+${data.events.map((event) => html`<tr><td class="num">${event.sequence}</td><td class="time">${formatTime(event.created_at)}</td><td>${event.kind}</td><td><code>${JSON.stringify(event.payload)}</code></td></tr>`)}
 </tbody></table>`}`;
 }
 
@@ -272,7 +274,7 @@ function configTable(rows: readonly PushConfigSummary[], csrf: string, withResum
   return html`<table id="${id}"><thead><tr><th>config</th><th>task</th><th>target</th><th>authentication</th><th>state reason</th><th class="num">pending</th><th class="num">delivered</th><th class="num">ended otherwise</th><th>created</th>${withResume ? html`<th></th>` : ''}</tr></thead><tbody>
 ${rows.map((row) => html`<tr data-config="${row.task_id}/${row.id}"><td class="mono"><a href="${pushConfigHref(row.task_id, row.id)}">${row.id}</a></td>
 <td class="mono"><a href="${runHref(row.task_id)}">${row.task_id.slice(0, 8)}…</a></td><td class="mono">${maskUrl(row.url)}</td><td class="mono">${maskCredential(row.auth_scheme, row.credentials_hint)}</td>
-<td>${row.state_reason ?? ''}</td><td class="num">${row.pending}</td><td class="num">${row.delivered}</td><td class="num">${row.failed}</td><td>${formatTime(row.created_at)}</td>
+<td>${row.state_reason ?? ''}</td><td class="num">${row.pending}</td><td class="num">${row.delivered}</td><td class="num">${row.failed}</td><td class="time">${formatTime(row.created_at)}</td>
 ${withResume ? html`<td>${resumeForm(row.task_id, row.id, csrf)}</td>` : ''}</tr>`)}
 </tbody></table>`;
 }
@@ -294,7 +296,7 @@ ${configTable(byState('active'), csrf, false, 'configs-active')}
 ${configTable(byState('stopped'), csrf, false, 'configs-stopped')}
 <h2 id="deleted">Deleted by their clients (${configs.length - live.length})</h2>
 ${configTable(configs.filter((config) => config.deleted), csrf, false, 'configs-deleted')}
-<p class="muted">Lists show the latest configs first (at most ${configs.length >= 500 ? 500 : 'all'}).</p>`;
+${configs.length >= 500 ? html`<p class="muted">Only the latest 500 configs are listed.</p>` : ''}`;
 }
 
 export type PushConfigPageData = {

@@ -255,8 +255,18 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       .redirect('/ui/login?bye=1', 303);
   });
 
-  // Live numbers.
-  scope.get('/api/counts', async () => ({ counts: await countStates(pool, catalog), badges: await badges(pool), at: new Date().toISOString() }));
+  // Live numbers. Every open page polls them each second: one reading serves all pollers for a
+  // moment, so ten tabs cost what one does.
+  let latest: { at: number; reading: Promise<{ counts: Awaited<ReturnType<typeof countStates>>; badges: Awaited<ReturnType<typeof badges>>; at: string }> } | null = null;
+  const liveCounts = () => {
+    if (!latest || Date.now() - latest.at > 500) {
+      const reading = Promise.all([countStates(pool, catalog), badges(pool)]).then(([counts, badgeCounts]) => ({ counts, badges: badgeCounts, at: new Date().toISOString() }));
+      latest = { at: Date.now(), reading };
+      reading.catch(() => (latest = null));
+    }
+    return latest.reading;
+  };
+  scope.get('/api/counts', async () => liveCounts());
   scope.get<{ Params: { id: string } }>('/api/runs/:id/version', async (request, reply) => {
     if (!UUID.test(request.params.id)) return reply.code(404).send({ error: 'not found' });
     const version = await runVersion(pool, request.params.id);

@@ -38,7 +38,7 @@ beforeAll(async () => {
       env: { KEEL_INBOX_MAX_PENDING_PER_REGISTRATION: String(PER_REGISTRATION), KEEL_INBOX_MAX_PENDING_TOTAL: String(TOTAL) },
     }),
   });
-  expect(keel.config.inbox).toEqual({ maxPendingPerRegistration: PER_REGISTRATION, maxPendingTotal: TOTAL });
+  expect(keel.config.inbox).toEqual({ maxPendingPerRegistration: PER_REGISTRATION, maxPendingTotal: TOTAL, unacknowledgedGiveUpSeconds: 600 });
   const token = await newToken(keel.context.pool);
   for (let index = 0; index < 4; index += 1) delegations.push(await delegateToFake(keel, token, 'fake', fake));
 });
