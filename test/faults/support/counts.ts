@@ -7,7 +7,7 @@ import type { Sealer } from '../../../src/sealing/sealer.js';
 import { eventContext } from '../../../src/tasks/journal.js';
 import { getTaskRowById, openSealed, taskView } from '../../../src/tasks/task-repository.js';
 import type { StreamResponse, Message } from '../../../src/a2a/wire.js';
-import { TERMINAL_STATES, artifactText, type Load, type LoadOptions } from './load.js';
+import { TERMINAL_STATES, artifactText, carries, type Load, type LoadOptions } from './load.js';
 import type { PushReceiver } from './peers.js';
 import { sleep } from './services.js';
 
@@ -78,7 +78,7 @@ const taskSummary = z.object({
   termination_reason: z.string().nullable(),
 });
 const eventRow = z.object({ task_id: z.string(), sequence: z.number(), kind: z.string(), state: z.string().nullable(), payload: z.instanceof(Buffer) });
-const configRow = z.object({ task_id: z.string(), id: z.string() });
+const configRow = z.object({ task_id: z.string(), id: z.string(), url: z.string() });
 const deliveryRow = z.object({ id: z.string(), task_id: z.string(), config_id: z.string(), event_sequence: z.number(), state: z.string() });
 
 /** Waits until the database owes nothing: every task terminal in the view and the journal, no projection debt, no pending delivery. */
@@ -172,8 +172,9 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
       const sent = (history[0]?.parts ?? []).map((part) => (part as { text?: string }).text ?? '').join('');
       const want = input.expected(task.agent, sent);
       const view = taskView(sealer, row, { historyLength: 0 });
-      const inView = artifactText(view as unknown as Record<string, unknown>).includes(want);
-      const inJournal = journal.some((event) => event.kind === 'artifact' && JSON.stringify(event.response).includes(JSON.stringify(want).slice(1, -1)));
+      const inView = carries(artifactText(view as unknown as Record<string, unknown>), want);
+      const escaped = (Array.isArray(want) ? want : [want]).map((text) => JSON.stringify(text).slice(1, -1));
+      const inJournal = journal.some((event) => event.kind === 'artifact' && carries(JSON.stringify(event.response), escaped));
       if (!inJournal) journalWithoutResult += 1;
       dbVerdict.set(task.id, inView && inJournal ? 'completed' : 'wrong');
     } else {
@@ -191,7 +192,8 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
   let deliveriesOutOfOrder = 0;
   const receiver = input.receiver ?? null;
   if (receiver) {
-    const configs = await pool.any(sql.type(configRow)`SELECT task_id, id FROM push_configs WHERE deleted_at IS NULL`);
+    // The receiver's configs only: a delegation's remote pushes to the installation's own inbox.
+    const configs = await pool.any(sql.type(configRow)`SELECT task_id, id, url FROM push_configs WHERE deleted_at IS NULL AND url = ${receiver.url}`);
     const deliveries = await pool.any(sql.type(deliveryRow)`SELECT id, task_id, config_id, event_sequence, state FROM push_deliveries`);
     const byKey = new Map(deliveries.map((row) => [`${row.task_id}/${row.config_id}/${row.event_sequence}`, row]));
     const sequenceOf = new Map(deliveries.map((row) => [row.id, row]));
@@ -229,7 +231,7 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
   const records = load.records;
   const acceptedRecords = records.filter((record) => record.taskId !== null);
   const clientCompleted = acceptedRecords.filter(
-    (record) => record.finalState === 'TASK_STATE_COMPLETED' && !record.shownWithoutResult && (record.finalText ?? '').includes(input.expected(record.agent, record.text)),
+    (record) => record.finalState === 'TASK_STATE_COMPLETED' && !record.shownWithoutResult && carries(record.finalText ?? '', input.expected(record.agent, record.text)),
   );
   const clientFailed = acceptedRecords.filter((record) => record.finalState && record.finalState !== 'TASK_STATE_COMPLETED' && TERMINAL_STATES.has(record.finalState) && record.finalReason);
   const clientIds = new Set(acceptedRecords.map((record) => record.taskId!));

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { DatabasePool } from 'slonik';
@@ -45,7 +46,8 @@ export class KeelNode {
   constructor(
     readonly role: Role,
     readonly port: number,
-    private readonly cwd: string,
+    /** The process's working and data directory. */
+    readonly dataDir: string,
     private readonly env: Record<string, string>,
   ) {
     this.url = `http://127.0.0.1:${port}`;
@@ -61,7 +63,7 @@ export class KeelNode {
   }
 
   async start(): Promise<void> {
-    const proc = spawnKeel(['start', '--role', this.role], { cwd: this.cwd, env: cleanEnv({ ...this.env, KEEL_LOG_LEVEL: 'warn' }) });
+    const proc = spawnKeel(['start', '--role', this.role], { cwd: this.dataDir, env: cleanEnv({ ...this.env, KEEL_LOG_LEVEL: 'warn' }) });
     this.proc = proc;
     this.generations.push(proc);
     // At warn, "keel is ready" (info) is not logged: readiness is the HTTP endpoint answering.
@@ -165,8 +167,8 @@ export class Installation {
     return this.poolPromise;
   }
 
-  async addNode(role: Role, extraEnv: Record<string, string> = {}): Promise<KeelNode> {
-    const port = await freePort();
+  async addNode(role: Role, extraEnv: Record<string, string> = {}, port?: number): Promise<KeelNode> {
+    port ??= await freePort();
     const env = { ...this.env, KEEL_SERVER_PORT: String(port), KEEL_DATA_DIR: this.embedded ? this.dataDir : openTempDir('keel-faults-node-'), ...extraEnv };
     const node = new KeelNode(role, port, this.embedded ? this.dataDir : env.KEEL_DATA_DIR!, env);
     this.nodes.push(node);
@@ -202,10 +204,10 @@ export class Installation {
 
   async dispose(): Promise<void> {
     await Promise.all(this.nodes.map((node) => node.stop(10_000).catch(() => undefined)));
+    const dirs = new Set([this.dataDir, ...this.nodes.map((node) => node.dataDir)]);
     if (this.poolPromise) await (await this.poolPromise).end().catch(() => undefined);
     if (this.embedded) {
       // A SIGKILLed `all` process leaves its embedded server running; the last one stopped it, but be sure.
-      const { readFileSync, existsSync } = await import('node:fs');
       const pidFile = join(this.dataDir, 'pg', 'postmaster.pid');
       if (existsSync(pidFile)) {
         try {
@@ -213,6 +215,13 @@ export class Installation {
         } catch {
           // already gone
         }
+      }
+    }
+    for (const dir of dirs) {
+      try {
+        rmSync(dir, { recursive: true, force: true });
+      } catch {
+        // a server still shutting down may hold a file a moment longer: the temp dir stays
       }
     }
   }

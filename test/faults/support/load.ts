@@ -16,6 +16,8 @@ export type TaskRecord = {
   push: boolean;
   /** The task id of the answer that accepted the message; null while (or if never) accepted. */
   taskId: string | null;
+  /** The API process that accepted it. */
+  acceptedBy: string | null;
   sends: number;
   errors: string[];
   /** The state in the SendMessage answer. */
@@ -39,8 +41,8 @@ export type LoadOptions = {
   /** A push receiver URL: every task (or those `pushFor` picks) gets a config `hook` to it. */
   pushUrl?: string | null;
   pushFor?: (index: number) => boolean;
-  /** The result text a completed task must carry, from the text sent. */
-  expected: (agent: string, text: string) => string;
+  /** The result text a completed task must carry, from the text sent (any of several). */
+  expected: (agent: string, text: string) => string | string[];
   /** How long one task keeps being sent before the client gives up (it then counts as not accepted). */
   sendDeadlineMs?: number;
 };
@@ -62,6 +64,11 @@ export function artifactText(task: Json): string {
 function statusText(task: Json): string {
   const status = task.status as { message?: { parts?: Array<{ text?: string }> } } | undefined;
   return (status?.message?.parts ?? []).map((part) => part.text ?? '').join('\n');
+}
+
+/** Whether a result text carries (one of) the expected texts. */
+export function carries(text: string, expected: string | string[]): boolean {
+  return (Array.isArray(expected) ? expected : [expected]).some((want) => text.includes(want));
 }
 
 export async function rpc(api: string, token: string, agent: string, method: string, params: Json, timeoutMs: number): Promise<Json> {
@@ -113,9 +120,10 @@ export function startLoad(options: LoadOptions): Load {
         const task = result.task as Json | undefined;
         if (!task || typeof task.id !== 'string') throw new Error(`no task in the answer: ${JSON.stringify(result).slice(0, 200)}`);
         record.taskId = task.id;
+        record.acceptedBy = api;
         const state = (task.status as { state?: string } | undefined)?.state ?? null;
         record.answeredState = state;
-        if (state === 'TASK_STATE_COMPLETED' && !artifactText(task).includes(options.expected(record.agent, record.text))) record.shownWithoutResult = true;
+        if (state === 'TASK_STATE_COMPLETED' && !carries(artifactText(task), options.expected(record.agent, record.text))) record.shownWithoutResult = true;
         return;
       } catch (error) {
         record.errors.push(`${api}: ${(error as Error).message}`.slice(0, 300));
@@ -140,6 +148,7 @@ export function startLoad(options: LoadOptions): Load {
         blocking: blocking(index),
         push: Boolean(options.pushUrl) && pushFor(index),
         taskId: null,
+        acceptedBy: null,
         sends: 0,
         errors: [],
         answeredState: null,
@@ -177,7 +186,7 @@ export async function settleClients(load: Load, apis: () => string[], token: str
             record.finalState = state;
             record.finalText = artifactText(task);
             record.finalReason = statusText(task);
-            if (state === 'TASK_STATE_COMPLETED' && !record.finalText.includes(expected(record.agent, record.text))) record.shownWithoutResult = true;
+            if (state === 'TASK_STATE_COMPLETED' && !carries(record.finalText, expected(record.agent, record.text))) record.shownWithoutResult = true;
           } catch {
             // that API is down or busy: read it again next round
           }

@@ -1,3 +1,4 @@
+import { writeFileSync } from 'node:fs';
 import { sql, type DatabasePool } from 'slonik';
 import { expect } from 'vitest';
 import { z } from 'zod';
@@ -20,16 +21,24 @@ export async function finishScenario(input: {
   load: Load;
   startedAt: number;
   receiver?: PushReceiver | null;
-  faults?: Record<string, unknown>;
+  /** What the scenario did, for the results; a function is read once the installation is quiet. */
+  faults?: Record<string, unknown> | (() => Record<string, unknown> | Promise<Record<string, unknown>>);
   expected?: LoadOptions['expected'];
   dependencies?: (pool: DatabasePool) => Promise<{ count: number; resolvedTwice: number }>;
 }): Promise<ScenarioCounts> {
   const { installation, load } = input;
   const expected = input.expected ?? expectedEcho;
+  const pool0 = await installation.pool();
+  const verbose = process.env.KEEL_FAULTS_VERBOSE ? setInterval(() => void progress(pool0, input.startedAt).catch(() => undefined), 2000) : null;
   await load.done;
+  const loadDoneMs = Date.now() - input.startedAt;
   await settleClients(load, () => installation.apiUrls(), installation.token, expected);
+  const clientsSettledMs = Date.now() - input.startedAt;
   const pool = await installation.pool();
   const quiet = await waitForQuiet(pool);
+  const quietMs = Date.now() - input.startedAt;
+  if (verbose) clearInterval(verbose);
+  if (process.env.KEEL_FAULTS_LOGS) writeFileSync(process.env.KEEL_FAULTS_LOGS, installation.logs(100_000));
   return countScenario({
     scenario: input.scenario,
     backend: BACKEND,
@@ -39,7 +48,7 @@ export async function finishScenario(input: {
     expected,
     receiver: input.receiver ?? null,
     startedAt: input.startedAt,
-    faults: { ...input.faults, quietAtEnd: quiet },
+    faults: { ...(typeof input.faults === 'function' ? await input.faults() : input.faults), quietAtEnd: quiet, loadDoneMs, clientsSettledMs, quietMs },
     ...(input.dependencies ? { dependencies: await input.dependencies(pool) } : {}),
   });
 }
@@ -82,4 +91,14 @@ export async function until(probe: () => Promise<boolean> | boolean, timeoutMs: 
     await sleep(everyMs);
   }
   return false;
+}
+
+const progressRow = z.object({ status: z.string(), requeues: z.number(), n: z.number() });
+
+/** KEEL_FAULTS_VERBOSE=1: where the installation stands, every 2 s. */
+async function progress(pool: DatabasePool, startedAt: number): Promise<void> {
+  const runs = await pool.any(sql.type(progressRow)`SELECT status, requeue_count AS requeues, count(*)::int AS n FROM runs GROUP BY 1, 2 ORDER BY 1, 2`);
+  const deliveries = await pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM push_deliveries WHERE state = 'pending'`);
+  const debt = await projectionDebt(pool);
+  console.info(`[faults +${Math.round((Date.now() - startedAt) / 1000)}s] runs ${runs.map((row) => `${row.status}/${row.requeues}:${row.n}`).join(' ')} | pending deliveries ${deliveries} | projection debt ${debt}`);
 }

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { chmodSync, mkdtempSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -111,6 +111,11 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
     stop: async () => {
       if (running) await instance.stop();
       running = false;
+      try {
+        rmSync(dir, { recursive: true, force: true });
+      } catch {
+        // leave it to the temp directory's cleanup
+      }
     },
   };
 }

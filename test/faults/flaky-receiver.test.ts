@@ -1,0 +1,71 @@
+import { afterAll, beforeAll, describe, it } from 'vitest';
+import { BACKEND, Installation } from './support/installation.js';
+import { startLoad } from './support/load.js';
+import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver, type ReceiverAction } from './support/peers.js';
+import { expectClean, expectedEcho, finishScenario, SCENARIO_TIMEOUT_MS } from './support/scenario.js';
+import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+
+// Fault scenario: a push receiver that fails at random. Of its answers 20 % are connection resets
+// (the socket destroyed before any answer), 20 % are 503, 10 % are slow beyond Keel's push timeout
+// (1.5 s against 1 s: Keel gives up waiting while the receiver may still answer 200) and 10 % are
+// slow within it; the rest answer 200 at once. 240 tasks on one `all` process, each with a push
+// config: every journal event must still be acknowledged at least once, in journal order per
+// config. Attempts per delivery are raised to 30 (default 8) so that a delivery's run of bad luck
+// (0.5^8 ≈ 0.4 % per delivery, over ~700 deliveries) does not end it as dead.
+
+let postgres: PrivatePostgres;
+let redis: PrivateRedis | null = null;
+let model: FakeModel;
+let receiver: PushReceiver;
+const installations: Installation[] = [];
+
+const flaky = (): ReceiverAction => {
+  const roll = Math.random();
+  if (roll < 0.2) return { kind: 'reset' };
+  if (roll < 0.4) return { kind: 'status', status: 503 };
+  if (roll < 0.5) return { kind: 'ok', delayMs: 1500 };
+  if (roll < 0.6) return { kind: 'ok', delayMs: 300 + Math.random() * 400 };
+  return { kind: 'ok' };
+};
+
+beforeAll(async () => {
+  postgres = await startPrivatePostgres();
+  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
+  model = await startFakeModel({ minDelayMs: 50, maxDelayMs: 150 });
+  receiver = await startPushReceiver(flaky);
+});
+
+afterAll(async () => {
+  for (const installation of installations) await installation.dispose();
+  await receiver?.close();
+  await model?.close();
+  await redis?.stop();
+  await postgres?.stop();
+});
+
+describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () => {
+  it(
+    'resets, 503s and slow answers: every event arrives, in order per config',
+    async () => {
+      const installation = await Installation.create({ postgres, redis, model, env: { KEEL_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
+      installations.push(installation);
+      await installation.addNode('all');
+      const startedAt = Date.now();
+      const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 240, ratePerSecond: 40, maxInFlight: 60, pushUrl: receiver.url, expected: expectedEcho });
+      const counts = await finishScenario({
+        scenario: 'flaky-receiver',
+        installation,
+        load,
+        startedAt,
+        receiver,
+        faults: () => ({
+          receiverRequests: receiver.receipts.length,
+          receiverResets: receiver.receipts.filter((receipt) => receipt.action === 'reset').length,
+          receiver503s: receiver.receipts.filter((receipt) => receipt.action === 'status').length,
+        }),
+      });
+      expectClean(counts, installation);
+    },
+    SCENARIO_TIMEOUT_MS,
+  );
+});

@@ -1,0 +1,75 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BACKEND, Installation } from './support/installation.js';
+import { startLoad } from './support/load.js';
+import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
+import { deliveriesInFlight, expectClean, finishScenario, projectionDebt, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
+import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+
+// Fault scenario: one API process and one worker process (`keel start --role api|worker`); under
+// a load of 300 tasks (half blocking, each with a push config to a slowish loopback receiver) the
+// worker is SIGKILLed three times and restarted each time: while it holds runs, while projections
+// are owed, and while push deliveries are in flight. Leases expire, the reaper requeues, the
+// sweeper restores projection and delivery debts; nothing may be lost, duplicated or undelivered.
+
+let postgres: PrivatePostgres;
+let redis: PrivateRedis | null = null;
+let model: FakeModel;
+let receiver: PushReceiver;
+const installations: Installation[] = [];
+
+beforeAll(async () => {
+  postgres = await startPrivatePostgres();
+  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
+  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
+  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 20 + Math.random() * 100 }));
+});
+
+afterAll(async () => {
+  for (const installation of installations) await installation.dispose();
+  await receiver?.close();
+  await model?.close();
+  await redis?.stop();
+  await postgres?.stop();
+});
+
+describe(`worker SIGKILL on the ${BACKEND} queue backend`, () => {
+  it(
+    'a worker killed during runs, during projection and during push delivery, restarted each time: nothing lost',
+    async () => {
+      const installation = await Installation.create({ postgres, redis, model });
+      installations.push(installation);
+      await installation.addNode('api');
+      const worker = await installation.addNode('worker');
+      const pool = await installation.pool();
+      const faults: Record<string, unknown> = {};
+
+      const startedAt = Date.now();
+      const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 300, ratePerSecond: 20, maxInFlight: 60, pushUrl: receiver.url, expected: (_a, text) => `echo: ${text}` });
+
+      // 1. During runs: the worker holds several runs (inside their model calls).
+      expect(await until(async () => (await runsClaimedBy(pool, worker)) >= 3, 30_000), 'the worker to hold runs').toBe(true);
+      await worker.kill();
+      faults.kill1RunsHeld = await runsClaimedBy(pool, worker);
+      await worker.start();
+
+      // 2. During projection: committed revisions owed to the journal, projected in the worker.
+      expect(await until(async () => (await projectionDebt(pool)) >= 3 && (await runsClaimedBy(pool, worker)) >= 1, 30_000), 'projection debt').toBe(true);
+      await worker.kill();
+      faults.kill2ProjectionDebt = await projectionDebt(pool);
+      faults.kill2RunsHeld = await runsClaimedBy(pool, worker);
+      await worker.start();
+
+      // 3. During push delivery: requests of the worker are in flight at the receiver.
+      expect(await until(() => receiver.inFlight() >= 1, 30_000, 5), 'deliveries in flight').toBe(true);
+      faults.kill3ReceiverInFlight = receiver.inFlight();
+      await worker.kill();
+      faults.kill3DeliveriesLeased = await deliveriesInFlight(pool);
+      faults.kill3RunsHeld = await runsClaimedBy(pool, worker);
+      await worker.start();
+
+      const counts = await finishScenario({ scenario: 'worker-kill', installation, load, startedAt, receiver, faults });
+      expectClean(counts, installation);
+    },
+    SCENARIO_TIMEOUT_MS,
+  );
+});
