@@ -5,6 +5,7 @@ import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
+import { foldTaskCountDeltas } from '../src/tasks/task-counts.js';
 import { wakePendingHeads } from './push-delivery.js';
 
 // The maintenance queue's processor. The sweep is the repair path of the outbox rule: every debt
@@ -140,7 +141,8 @@ export function createMaintenanceProcessor(context: KeelContext) {
         // Pending deliveries whose job is missing (a flushed Redis, a lost wake-up): wake each config's head.
         const deliveries = await wakePendingHeads(context);
         const dependencies = await pollDependencies(context);
-        return { ...reaped, ...swept, projections, deliveries, dependencies };
+        const countDeltas = await foldTaskCountDeltas(context.pool);
+        return { ...reaped, ...swept, projections, deliveries, dependencies, countDeltas };
       }
       case PURGE_JOB: {
         const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);

@@ -290,6 +290,7 @@ export class A2AService {
     }
     const { rows, total } = await listTaskRows(this.deps.pool, {
       owner: caller.clientId,
+      agent: caller.agent.config.id,
       contextId: params.contextId || undefined,
       state: params.status,
       statusAfter: params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : undefined,

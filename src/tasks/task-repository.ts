@@ -5,6 +5,7 @@ import { applyLevel } from '../privacy/apply-level.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../a2a/wire.js';
+import { countTasks } from './task-counts.js';
 
 // a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the
 // run's status (a trigger, same transaction); content columns are sealed at the task's answer
@@ -205,6 +206,7 @@ export async function scrubTaskContent(db: CommonQueryMethods, taskId: string): 
 
 export type ListFilter = {
   owner: string;
+  agent: string;
   contextId?: string | undefined;
   state?: TaskState | undefined;
   statusAfter?: number | undefined;
@@ -214,7 +216,7 @@ export type ListFilter = {
 
 /** One page, newest status first; keyset on (status_timestamp, id) so equal timestamps never repeat or skip. */
 export async function listTaskRows(db: CommonQueryMethods, filter: ListFilter): Promise<{ rows: readonly TaskRow[]; total: number }> {
-  const conditions = [sql.fragment`t.owner = ${filter.owner}`];
+  const conditions = [sql.fragment`t.owner = ${filter.owner}`, sql.fragment`t.agent = ${filter.agent}`];
   if (filter.contextId !== undefined) conditions.push(sql.fragment`t.context_id = ${filter.contextId}`);
   if (filter.state !== undefined) conditions.push(sql.fragment`t.state = ${filter.state}`);
   if (filter.statusAfter !== undefined) conditions.push(sql.fragment`t.status_timestamp >= ${sql.timestamp(new Date(filter.statusAfter))}`);
@@ -224,7 +226,11 @@ export async function listTaskRows(db: CommonQueryMethods, filter: ListFilter): 
     : sql.fragment``;
   const [rows, total] = await Promise.all([
     db.any(sql.type(taskRow)`${TASK_SELECT} WHERE ${where} ${keyset} ORDER BY t.status_timestamp DESC, t.id DESC LIMIT ${filter.pageSize + 1}`),
-    db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_tasks t WHERE ${where}`),
+    // Without a context or time filter the total comes from the counters and costs the same at any
+    // table size; a context is counted (its index bounds the work); a time filter counts its window.
+    filter.contextId === undefined && filter.statusAfter === undefined
+      ? countTasks(db, { owner: filter.owner, agent: filter.agent, state: filter.state })
+      : db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_tasks t WHERE ${where}`),
   ]);
   return { rows, total };
 }

@@ -561,7 +561,8 @@ export function headers(world: World, defaultType: string): fc.Arbitrary<{ list:
     { arbitrary: fc.constantFrom('1.0', '1.0.3').map((value) => ({ header: null as string | null, query: `A2A-Version=${value}`, valid: true })), weight: 1 },
     {
       arbitrary: fc
-        .oneof(fc.constantFrom<string | null>(null, '', '0.3', '0.3.0', '2.0', '1.1', '1.0.x', 'v1.0', '1.0, 1.0', '10', '1.00', 'latest'), printable)
+        // A random string can spell a supported version ("1", " 1.0"): those are not invalid.
+        .oneof(fc.constantFrom<string | null>(null, '', '0.3', '0.3.0', '2.0', '1.1', '1.0.x', 'v1.0', '1.0, 1.0', '10', '1.00', 'latest'), printable.filter((value) => !/^1(\.0(\.\d+)?)?$/.test(value.trim())))
         .map((value) => ({ header: value, query: '', valid: false })),
       weight: 2,
     },

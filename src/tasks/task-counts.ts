@@ -1,0 +1,43 @@
+import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
+import { z } from 'zod';
+import type { TaskState } from '../a2a/wire.js';
+
+// How many tasks an owner has per agent and state, for ListTasks' totalSize (sql/0009): the
+// folded totals plus the deltas the task trigger appended since the last fold.
+
+const countRow = z.object({ n: z.number() });
+
+export type TaskCountKey = { owner: string; agent: string; state?: TaskState | undefined };
+
+/** The exact number of the owner's tasks of an agent (in one state, when given). */
+export async function countTasks(db: CommonQueryMethods, key: TaskCountKey): Promise<number> {
+  const state = key.state === undefined ? sql.fragment`` : sql.fragment`AND state = ${key.state}`;
+  return db.oneFirst(sql.type(countRow)`
+    SELECT coalesce(sum(n), 0)::int AS n FROM (
+      SELECT n FROM a2a_task_counts WHERE owner = ${key.owner} AND agent = ${key.agent} ${state}
+      UNION ALL
+      SELECT n FROM a2a_task_count_deltas WHERE owner = ${key.owner} AND agent = ${key.agent} ${state}
+    ) AS parts`);
+}
+
+/**
+ * Folds the appended deltas into the totals, in one transaction so a reader sees each delta in
+ * exactly one of the two tables. One folder at a time (an advisory lock; a second one skips).
+ */
+export async function foldTaskCountDeltas(pool: DatabasePool): Promise<number> {
+  return pool.transaction(async (transaction) => {
+    const locked = await transaction.oneFirst(sql.type(z.object({ locked: z.boolean() }))`
+      SELECT pg_try_advisory_xact_lock(hashtext('keel.fold_task_counts')) AS locked`);
+    if (!locked) return 0;
+    return transaction.oneFirst(sql.type(countRow)`
+      WITH moved AS (
+        DELETE FROM a2a_task_count_deltas RETURNING owner, agent, state, n
+      ), summed AS (
+        INSERT INTO a2a_task_counts (owner, agent, state, n)
+        SELECT owner, agent, state, sum(n) FROM moved GROUP BY owner, agent, state
+        ON CONFLICT (owner, agent, state) DO UPDATE SET n = a2a_task_counts.n + excluded.n
+        RETURNING 1
+      )
+      SELECT (SELECT count(*) FROM moved)::int AS n`);
+  });
+}
