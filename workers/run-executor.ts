@@ -460,9 +460,14 @@ export function createRunExecutor(
       switch (result.kind) {
         case 'stop':
           await audit.flush(pool);
-          if (lease.released && (await releaseRun(pool, runId, workerId))) {
-            afterCommit(runId);
-            await context.queues.addJob('runs', runJobId(runId, run!.requeue_count), { runId }).catch(() => undefined);
+          if (lease.released) {
+            const released = await releaseRun(pool, runId, workerId);
+            if (released) {
+              afterCommit(runId);
+              // The job being processed holds the run's usual id until this returns: the wake-up for
+              // another worker needs an id of its own, or BullMQ drops it as a duplicate.
+              await context.queues.addJob('runs', `${runJobId(runId, released.requeue_count)}-v${released.revision}`, { runId }).catch(() => undefined);
+            }
           }
           return { kind: 'stopped', why: result.why };
         case 'complete': {

@@ -61,7 +61,11 @@ export type A2AServiceDeps = {
   logger: KeelLogger;
   /** Tests point the guard at a resolver of their own. */
   resolver?: Resolver;
-  /** Aborted at shutdown: open streams end (a client resumes elsewhere with Last-Event-ID). */
+  /**
+   * Aborted at shutdown once the process's runs are finished or released and projected: open
+   * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
+   * blocking requests answer with the task as it is.
+   */
   shutdown?: AbortSignal;
 };
 
@@ -129,7 +133,7 @@ export class A2AService {
       const started = await this.acceptMessage(caller, params, blocking ? (taskId) => (wait = new JournalWait(this.deps.listener, taskId)) : undefined);
       if (!started.ok) return started;
       const { taskId, afterSequence } = started.value;
-      if (wait) await (wait as JournalWait).until(this.deps.pool, afterSequence, this.blockingCapMs);
+      if (wait) await (wait as JournalWait).until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown);
       return await this.sendResult(caller, taskId, params.configuration?.historyLength);
     } finally {
       (wait as JournalWait | null)?.close();
@@ -370,7 +374,7 @@ export class A2AService {
           if (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription)) return;
         }
       }
-      while (!options.signal.aborted && !this.deps.shutdown?.aborted) {
+      while (!options.signal.aborted) {
         const woken = new Promise<void>((resolve) => (wake = resolve));
         const events = await readJournal(pool, sealer, taskId, cursor);
         for (const event of events) {
@@ -379,6 +383,9 @@ export class A2AService {
           if (event.kind === 'message' || (event.state !== null && endsStream(event.state))) return;
         }
         if (events.length > 0) continue;
+        // At shutdown a stream ends once it has sent everything committed (the runs this process
+        // could finish are finished and projected by then); the client resumes elsewhere.
+        if (this.deps.shutdown?.aborted) return;
         await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, listener.listening ? 15_000 : 500).unref())]);
       }
     } finally {

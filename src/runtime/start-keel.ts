@@ -137,6 +137,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
 
   const shutdown = new AbortController();
   let executor: ReturnType<typeof createRunExecutor> | null = null;
+  let runsWorker: { close: () => Promise<void> } | null = null;
   if (role !== 'api') {
     executor = createRunExecutor(
       context,
@@ -154,7 +155,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       (dependencyId) => void queues.ensureJob('inbox', inboxJobId(dependencyId), { dependencyId }).catch(() => undefined),
     );
     queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
-    queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
+    runsWorker = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
     queues.createWorker(
       'push',
@@ -203,15 +204,27 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const stop = () => {
     // Order matters: stop taking requests, let workers finish, then close queues, pool, database.
     stopping ??= (async () => {
-      // Stop taking work: streams end (clients resume elsewhere), no new requests, no new jobs.
-      shutdown.abort();
+      // Stop taking work: no new connections (a request on an open one gets 503), no new jobs.
+      // Requests in flight (streams, blocking sends) go on for now; close() resolves when they end.
       const closing = http.close().catch(() => undefined);
       // Runs in flight may finish within the grace period; the rest go back to the queue.
       if (executor) {
+        // This worker takes no new run (those in flight go on): a released run's wake-up goes to
+        // another process instead of being taken here and skipped. queues.close() awaits it.
+        void runsWorker?.close().catch(() => undefined);
         const drained = await executor.drain(config.runs.shutdownGraceSeconds * 1000);
         if (drained.released > 0) logger.info(drained, 'released runs still in flight at shutdown');
       }
+      // The journal now holds everything this process's runs committed (the finished ones and the
+      // released ones): streams send it, ending with the final event where one is due, and end;
+      // blocking requests answer with their task as it is.
+      await projector.idle().catch(() => undefined);
+      shutdown.abort();
+      // A connection that went idle after close() began (its stream just ended) would otherwise
+      // hold the close until its keep-alive timeout.
+      const closeIdle = setInterval(() => http.server.closeIdleConnections(), 50);
       await closing;
+      clearInterval(closeIdle);
       await listener.stop().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);

@@ -113,23 +113,33 @@ export class JournalWait {
     });
   }
 
-  async until(db: CommonQueryMethods, afterSequence: number, capMs: number, checkFirst = false): Promise<boolean> {
+  /**
+   * Waits until the journal shows the end of the task's current stretch after `afterSequence`,
+   * for at most `capMs` or until `stop` is aborted (shutdown); false when it did not end.
+   */
+  async until(db: CommonQueryMethods, afterSequence: number, capMs: number, checkFirst = false, stop?: AbortSignal): Promise<boolean> {
     const deadline = Date.now() + capMs;
     let mustRead = checkFirst;
-    for (;;) {
-      const woken = new Promise<void>((resolve) => (this.wake = resolve));
-      if (this.notices.some((notice) => notice.ends && notice.lastSequence > afterSequence)) return true;
-      if (mustRead || this.missed) {
-        this.missed = false;
-        mustRead = false;
-        if (await journalEndedAfter(db, this.taskId, afterSequence)) return true;
+    const onStop = () => this.wake();
+    stop?.addEventListener('abort', onStop, { once: true });
+    try {
+      for (;;) {
+        const woken = new Promise<void>((resolve) => (this.wake = resolve));
+        if (this.notices.some((notice) => notice.ends && notice.lastSequence > afterSequence)) return true;
+        if (mustRead || this.missed || stop?.aborted) {
+          this.missed = false;
+          mustRead = false;
+          if (await journalEndedAfter(db, this.taskId, afterSequence)) return true;
+        }
+        const remaining = deadline - Date.now();
+        if (remaining <= 0 || stop?.aborted) return false;
+        // While the listener reconnects, read the journal every half second instead.
+        const poll = !this.listener.listening;
+        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref())]);
+        if (poll) mustRead = true;
       }
-      const remaining = deadline - Date.now();
-      if (remaining <= 0) return false;
-      // While the listener reconnects, read the journal every half second instead.
-      const poll = !this.listener.listening;
-      await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref())]);
-      if (poll) mustRead = true;
+    } finally {
+      stop?.removeEventListener('abort', onStop);
     }
   }
 
