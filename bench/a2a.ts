@@ -10,79 +10,167 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { encodeMasterKey, generateMasterKey } from '../src/sealing/master-key.js';
+import { startPrivatePostgres, type PrivatePostgres } from './private-postgres.js';
 import { ADMIN_URL, fmt, percentile, withBenchDatabase } from './support.js';
 
-// bench:a2a — the same load against three A2A servers, side by side in one run on this machine:
+// bench:a2a — the same load against A2A servers, side by side in one run on this machine:
 //   - the official @a2a-js/sdk server on its InMemoryTaskStore,
 //   - the same server on its Postgres DatabaseTaskStore,
-//   - Keel (`node bin/keel.js start`), default echo agent, queue on Redis or Postgres.
-// The load: blocking SendMessage over JSON-RPC, a new task per request, N concurrent clients, a
-// warm-up, then a measured window. Every server runs in a child process of its own, one at a time,
-// so neither the load generator nor another server shares its event loop. Prints figures; asserts
-// nothing (DESIGN.md, Performance, gives the targets: Keel ≥ 3× the SDK on Postgres and ≥ 0.5× the
-// SDK in memory, in the same run).
+//   - Keel, default echo agent, queue on Redis or Postgres, in one or both topologies:
+//       single  one `node bin/keel.js start` process (every role),
+//       split   2 × `keel start --role api` + 2 × `keel start --role worker` on one database (and,
+//               for the Redis queue, one Redis); the load generator's clients are spread over both
+//               APIs, round-robin per client (client i always talks to API i mod 2).
+// The load: blocking SendMessage over JSON-RPC, a new task per request, N concurrent clients (each
+// with a connection of its own: N truly concurrent requests), a warm-up, then a measured window.
+// Every server runs in child processes of its own, one target at a time, so neither the load
+// generator nor another server shares its event loop. Every target run gets a fresh database (and a
+// fresh Redis key prefix). Prints one table and, as its last line, a JSON document with every
+// figure; asserts nothing (DESIGN.md, Performance, gives the targets: Keel ≥ 3× the SDK on Postgres
+// and ≥ 0.5× the SDK in memory, in the same run).
 //
 // Environment:
 //   BENCH_SECONDS          measured seconds per target and concurrency (10)
-//   BENCH_WARMUP_SECONDS   warm-up seconds before each measurement (2)
+//   BENCH_WARMUP_SECONDS   warm-up seconds before each measurement (2); the window opens later when
+//                          some client has not had its first answer by then (at most 30 s later)
 //   BENCH_CONCURRENCY      concurrent clients, or a list: "1,32,256" (32)
 //   BENCH_ROUNDS           repeat the whole sequence of targets this many times and report the
 //                          median (1); on a machine with other work going on, 3 gives steadier ratios
 //   BENCH_TARGETS          which targets: sdk-memory,sdk-postgres,keel (all three)
-//   BENCH_KEEL_QUEUE       redis | postgres (redis; Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379)
-//   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel child (warn)
+//   BENCH_KEEL_TOPOLOGY    which Keel topologies: single,split (both)
+//   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres, or both: "redis,postgres" (redis;
+//                          Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379)
+//   BENCH_KEEL_AUTH        token | none (token): under token one client is created once per Keel run
+//                          (`keel clients add bench`) and every process of it accepts its token
+//   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel children (warn)
 //   BENCH_SDK_PG_POOL      pg.Pool size of the SDK's Postgres store (10, pg's default)
-//   BENCH_JSON             also write the results as JSON to this file
-//   KEEL_BENCH_ADMIN_URL   Postgres admin URL (bench/support.ts)
+//   BENCH_JSON             also write the JSON document (indented) to this file
+//   BENCH_POSTGRES         private | machine (private): where the bench databases live.
+//                          private: a Postgres cluster of the bench's own, started for the run and
+//                          removed after it, from the machine's server binaries (same major version)
+//                          with the machine server's settings (shared_buffers, fsync, autovacuum, ...)
+//                          except max_connections (BENCH_PG_MAX_CONNECTIONS, 500): the split topology
+//                          on the Postgres queue holds more connections than a default server's 100,
+//                          and the bench takes none from other work on the shared server.
+//                          machine: the server at KEEL_BENCH_ADMIN_URL (bench/support.ts).
+//   BENCH_PG_BINDIR        where initdb and postgres are (/usr/lib/postgresql/<major>/bin, pg_config)
+//   BENCH_PG_SETTLE_SECONDS idle seconds before and after each concurrency of a database target, so
+//                          that every backend has reported its commits (11; 0: no commits/req column)
+//   KEEL_BENCH_ADMIN_URL   the machine's Postgres admin URL (bench/support.ts); its version and
+//                          settings are the private cluster's model
+// Any other KEEL_* variable in the environment reaches every Keel process (KEEL_RUNS_CONCURRENCY,
+// say); the bench sets the database, master key, ports, data directory, auth mode, queue and log
+// level itself.
 
-type TargetId = 'sdk-memory' | 'sdk-postgres' | 'keel';
+type TargetKind = 'sdk-memory' | 'sdk-postgres' | 'keel';
+type Topology = 'single' | 'split';
+type QueueKind = 'redis' | 'postgres';
+type KeelRole = 'all' | 'api' | 'worker';
 
 type Measurement = {
   round: number;
   concurrency: number;
   seconds: number;
+  /** The warm-up this measurement had: BENCH_WARMUP_SECONDS, or longer when the first answers took longer. */
+  warmupSeconds: number;
   successes: number;
   tasksPerSecond: number;
   p50: number;
   p99: number;
   errors: number;
   errorKinds: Record<string, number>;
+  /** How many server origins the clients were spread over. */
+  origins: number;
+  /**
+   * Client side, sampled from the undici pools every 250 ms: the most requests on the wire at once
+   * (= concurrency when nothing starves, give or take clients between two requests), the most
+   * queued waiting for a connection (0 when nothing starves), the most connections open.
+   */
+  peakInFlight: number;
+  peakQueued: number;
+  peakConnections: number;
+  /**
+   * Database targets: pg_stat_database.xact_commit over this concurrency's whole phase (warm-up,
+   * window, drain), read once every backend has reported (BENCH_PG_SETTLE_SECONDS), ÷ the requests
+   * sent in the phase.
+   */
+  commitsPerRequest?: number;
+  /** The most backends connected to the bench database during the measurement (database targets). */
+  peakBackends?: number;
 };
 
 type DatabaseWork = { requests: number; commits: number; rollbacks: number; rowsWritten: number; statements?: number };
 
+type StartedProcess = { role: KeelRole; port: number; readyMs: number };
+
 type TargetResult = {
-  id: TargetId;
-  label: string;
+  id: string;
+  kind: TargetKind;
+  /** 'SDK in-memory', 'SDK Postgres', 'Keel'. */
+  target: string;
+  /** '1 process', 'single', 'split'. */
+  topology: string;
+  queue: QueueKind | null;
   unavailable?: string;
   measurements: Measurement[];
   databaseWork?: DatabaseWork;
+  /** Keel: how long each process took to answer /readyz, per round. */
+  startups: StartedProcess[][];
+  /** Anything odd seen during a run (a process that died under load, say). */
+  notes: string[];
+};
+
+const TOPOLOGY_DESCRIPTION: Record<Topology, string> = {
+  single: '1 × keel start',
+  split: '2 × --role api + 2 × --role worker',
 };
 
 const repoRoot = fileURLToPath(new URL('..', import.meta.url));
+const keelBin = join(repoRoot, 'bin/keel.js');
 const seconds = positiveNumber('BENCH_SECONDS', 10);
 const warmupSeconds = nonNegativeNumber('BENCH_WARMUP_SECONDS', 2);
 const rounds = positiveNumber('BENCH_ROUNDS', 1);
 if (!Number.isInteger(rounds)) fail('BENCH_ROUNDS: expected a positive integer');
 let currentRound = 1;
-const concurrencies = (process.env.BENCH_CONCURRENCY ?? '32').split(',').map((item) => {
-  const value = Number(item.trim());
+const concurrencies = list('BENCH_CONCURRENCY', '32').map((item) => {
+  const value = Number(item);
   if (!Number.isInteger(value) || value < 1) fail(`BENCH_CONCURRENCY: "${item}" is not a positive integer`);
   return value;
 });
-const targetIds = (process.env.BENCH_TARGETS ?? 'sdk-memory,sdk-postgres,keel').split(',').map((item) => {
-  const id = item.trim();
-  if (id !== 'sdk-memory' && id !== 'sdk-postgres' && id !== 'keel') fail(`BENCH_TARGETS: unknown target "${id}" (sdk-memory, sdk-postgres, keel)`);
-  return id;
-});
-const keelQueue = process.env.BENCH_KEEL_QUEUE ?? 'redis';
-if (keelQueue !== 'redis' && keelQueue !== 'postgres') fail(`BENCH_KEEL_QUEUE: expected redis or postgres, got "${keelQueue}"`);
+const targetKinds = oneOf<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
+const topologies = oneOf<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
+const keelQueues = oneOf<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
+const keelAuth = oneOf<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', ['token', 'none']);
+if (keelAuth.length !== 1) fail('BENCH_KEEL_AUTH: expected one of token, none');
+const keelAuthMode = keelAuth[0]!;
 const redisUrl = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const sdkPoolSize = positiveNumber('BENCH_SDK_PG_POOL', 10);
+const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
+const postgresKind = oneOf<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']);
+if (postgresKind.length !== 1) fail('BENCH_POSTGRES: expected one of private, machine');
+const usePrivatePostgres = postgresKind[0] === 'private';
+const privateMaxConnections = positiveNumber('BENCH_PG_MAX_CONNECTIONS', 500);
+const settleSeconds = nonNegativeNumber('BENCH_PG_SETTLE_SECONDS', 11);
+/** The server the bench databases are created on: the machine's, or the private cluster once started. */
+let adminUrl = ADMIN_URL;
+let privatePostgres: PrivatePostgres | null = null;
 
 function fail(message: string): never {
   console.error(`bench:a2a: ${message}`);
   process.exit(2);
+}
+
+function list(name: string, fallback: string): string[] {
+  const items = (process.env[name] ?? fallback).split(',').map((item) => item.trim()).filter((item) => item !== '');
+  if (items.length === 0) fail(`${name}: empty`);
+  return [...new Set(items)];
+}
+
+function oneOf<T extends string>(name: string, fallback: string, allowed: readonly T[]): T[] {
+  return list(name, fallback).map((item) => {
+    if (!(allowed as readonly string[]).includes(item)) fail(`${name}: unknown value "${item}" (${allowed.join(', ')})`);
+    return item as T;
+  });
 }
 
 function positiveNumber(name: string, fallback: number): number {
@@ -96,7 +184,6 @@ function nonNegativeNumber(name: string, fallback: number): number {
   if (!Number.isFinite(value) || value < 0) fail(`${name}: expected a number ≥ 0`);
   return value;
 }
-
 // ---------------------------------------------------------------------------------------------
 // Interruption and child processes. Every child runs in a process group of its own (so a Ctrl-C in
 // the terminal reaches only this harness, which then stops the children in order and lets each
@@ -120,15 +207,67 @@ function onSignal(signal: NodeJS.Signals): void {
   // One Ctrl-C can arrive twice: from the terminal and relayed by tsx (which re-sends when it has not
   // heard back from this process within 30 ms). Only a later one means "force".
   if (now - firstSignalAt < 500) return;
-  for (const child of liveChildren) child.kill('SIGKILL');
-  if (liveDatabases.size > 0) console.error(`bench:a2a: left behind, drop by hand: ${[...liveDatabases].join(', ')}`);
+  // The 'exit' listener kills the children; the watchdog drops the databases and removes the rest.
+  if (!watchdog?.connected) {
+    if (privatePostgres) console.error(`bench:a2a: left behind, remove by hand: ${privatePostgres.dataDir}`);
+    else if (liveDatabases.size > 0) console.error(`bench:a2a: left behind, drop by hand: ${[...liveDatabases].join(', ')}`);
+  }
   process.exit(130);
 }
 process.on('SIGINT', onSignal);
 process.on('SIGTERM', onSignal);
 process.on('exit', () => {
   for (const child of liveChildren) child.kill('SIGKILL');
+  // With a watchdog, the private cluster stays up until it has dropped the bench databases.
+  if (!watchdog?.connected) privatePostgres?.kill();
 });
+
+// The backstop: a watchdog process that stops and removes whatever this process started and did
+// not clean up itself, should this process be killed (tsx SIGKILLs a child that does not
+// acknowledge a relayed Ctrl-C within about 60 ms, which a busy load generator may not).
+type Guarded =
+  | { kind: 'group'; pid: number }
+  | { kind: 'postgres'; pid: number; dir: string }
+  | { kind: 'database'; name: string; adminUrl: string }
+  | { kind: 'dir'; path: string };
+
+const watchdog: ChildProcess | null = (() => {
+  try {
+    const child = spawn(process.execPath, [fileURLToPath(new URL('./cleanup-watchdog.mjs', import.meta.url))], {
+      cwd: repoRoot,
+      detached: true,
+      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+    });
+    child.on('error', () => undefined);
+    child.unref();
+    child.channel?.unref();
+    return child;
+  } catch {
+    return null;
+  }
+})();
+
+function tellWatchdog(op: 'add' | 'remove', item: Guarded): void {
+  if (!watchdog?.connected) return;
+  try {
+    watchdog.send({ op, ...item }, () => undefined);
+  } catch {
+    // The watchdog is gone: the clean-up in this process still runs.
+  }
+}
+/** At the end, after this process cleaned up itself: the watchdog may go. */
+async function dismissWatchdog(): Promise<void> {
+  if (!watchdog?.connected) return;
+  await new Promise<void>((resolve) => {
+    try {
+      watchdog.send({ op: 'bye' }, () => resolve());
+    } catch {
+      resolve();
+    }
+  });
+}
+const guard = (item: Guarded) => tellWatchdog('add', item);
+const unguard = (item: Guarded) => tellWatchdog('remove', item);
 
 function throwIfInterrupted(): void {
   if (interrupted.signal.aborted) throw interrupted.signal.reason as Error;
@@ -152,6 +291,8 @@ function sleep(ms: number): Promise<void> {
 class ManagedChild {
   readonly process: ChildProcess;
   private readonly output: string[] = [];
+  /** The whole stdout, when asked for (a command whose answer is on stdout). */
+  private stdoutText = '';
   readonly exited: Promise<number | null>;
   private hasExited = false;
 
@@ -159,7 +300,7 @@ class ManagedChild {
     readonly name: string,
     command: string,
     args: string[],
-    options: { env?: NodeJS.ProcessEnv; ipc?: boolean },
+    options: { env?: NodeJS.ProcessEnv; ipc?: boolean; captureStdout?: boolean },
   ) {
     this.process = spawn(command, args, {
       cwd: repoRoot,
@@ -168,6 +309,8 @@ class ManagedChild {
       stdio: options.ipc ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
     });
     liveChildren.add(this);
+    const pid = this.process.pid;
+    if (pid !== undefined) guard({ kind: 'group', pid });
     const keep = (chunk: Buffer) => {
       for (const line of chunk.toString('utf8').split('\n')) {
         if (line.trim() === '') continue;
@@ -175,12 +318,18 @@ class ManagedChild {
         if (this.output.length > 60) this.output.shift();
       }
     };
-    this.process.stdout?.on('data', keep);
+    if (options.captureStdout) {
+      // Kept apart from the output tail: it may hold a secret (a client token) that error messages must not show.
+      this.process.stdout?.on('data', (chunk: Buffer) => (this.stdoutText += chunk.toString('utf8')));
+    } else {
+      this.process.stdout?.on('data', keep);
+    }
     this.process.stderr?.on('data', keep);
     this.exited = new Promise((resolve) => {
       this.process.on('exit', (code, signal) => {
         this.hasExited = true;
         liveChildren.delete(this);
+        if (pid !== undefined) unguard({ kind: 'group', pid });
         resolve(code ?? (signal ? 128 : null));
       });
       this.process.on('error', (error) => {
@@ -194,6 +343,10 @@ class ManagedChild {
 
   get running(): boolean {
     return !this.hasExited;
+  }
+
+  get stdout(): string {
+    return this.stdoutText;
   }
 
   tail(lines = 15): string {
@@ -219,6 +372,23 @@ class ManagedChild {
   }
 }
 
+/** Runs a short command as a managed child (stopped on Ctrl-C like the servers); its stdout, or an error with its output. */
+async function runCommand(name: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs = 120_000): Promise<string> {
+  const child = new ManagedChild(name, process.execPath, args, { env, captureStdout: true });
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const onAbort = () => child.kill('SIGTERM');
+  interrupted.signal.addEventListener('abort', onAbort, { once: true });
+  try {
+    const code = await child.exited;
+    throwIfInterrupted();
+    if (code !== 0) throw new Error(`${name} failed (exit ${code}):\n${child.tail()}`);
+    return child.stdout;
+  } finally {
+    clearTimeout(timer);
+    interrupted.signal.removeEventListener('abort', onAbort);
+  }
+}
+
 async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
@@ -229,6 +399,13 @@ async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/** `count` distinct free ports (each free when asked; a server started right after takes it). */
+async function freePorts(count: number): Promise<number[]> {
+  const ports = new Set<number>();
+  while (ports.size < count) ports.add(await freePort());
+  return [...ports];
 }
 
 /** Polls `url` until it answers 200; fails when the child exits first or after `timeoutMs`. */
@@ -251,10 +428,14 @@ async function waitUntilReady(child: ManagedChild, url: string, timeoutMs: numbe
   throw new Error(`${child.name} not ready after ${timeoutMs / 1000} s (${url}: ${last}):\n${child.tail()}`);
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // The load.
 
-const A2A_HEADERS = { 'content-type': 'application/json', 'a2a-version': '1.0' };
+/** The longest the measured window waits, after the warm-up, for every client's first answer. */
+const MAX_WARMUP_EXTENSION_MS = 30_000;
+
+const A2A_HEADERS: Record<string, string> = { 'content-type': 'application/json', 'a2a-version': '1.0' };
 let requestSequence = 0;
 
 function sendMessageBody(id: number, text: string): string {
@@ -291,13 +472,13 @@ function judge(statusCode: number, raw: string, text: string): string | null {
 }
 
 /** One blocking SendMessage; the answer's judgement (null = success) and its latency in ms. */
-async function sendOne(pool: Pool, path: string): Promise<{ error: string | null; ms: number }> {
+async function sendOne(pool: Pool, path: string, headers: Record<string, string>): Promise<{ error: string | null; ms: number }> {
   const id = ++requestSequence;
   const text = `hi ${id}`;
   const body = sendMessageBody(id, text);
   const started = performance.now();
   try {
-    const response = await pool.request({ path, method: 'POST', headers: A2A_HEADERS, body, signal: interrupted.signal });
+    const response = await pool.request({ path, method: 'POST', headers, body, signal: interrupted.signal });
     const raw = await response.body.text();
     return { error: judge(response.statusCode, raw, text), ms: performance.now() - started };
   } catch (error) {
@@ -306,26 +487,61 @@ async function sendOne(pool: Pool, path: string): Promise<{ error: string | null
   }
 }
 
-async function measure(origin: string, path: string, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
-  const pool = new Pool(origin, {
-    connections: concurrency,
-    pipelining: 1,
-    keepAliveTimeout: 30_000,
-    headersTimeout: 120_000,
-    bodyTimeout: 120_000,
-  });
+/** What the load needs to know of a target: where to send, with which headers, and its database (if any) to watch. */
+type LoadTarget = { origins: string[]; path: string; headers: Record<string, string>; databaseName?: string };
+
+async function measure(target: LoadTarget, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
+  // Client i talks to origin i mod n, over a connection of its own: one pool per origin with as many
+  // connections as it has clients, no pipelining, so `concurrency` requests are truly in flight at
+  // once (undici's default Agent, and fetch, would cap nothing here either, but a pool sized by hand
+  // makes it visible: peakInFlight, peakQueued and peakConnections below).
+  const { origins, path, headers } = target;
+  const clientsOf = origins.map((_, index) => Math.floor(concurrency / origins.length) + (index < concurrency % origins.length ? 1 : 0));
+  const pools = origins.map(
+    (origin, index) =>
+      new Pool(origin, {
+        connections: Math.max(1, clientsOf[index]!),
+        pipelining: 1,
+        keepAliveTimeout: 30_000,
+        headersTimeout: 120_000,
+        bodyTimeout: 120_000,
+      }),
+  );
+  const probe = target.databaseName ? await DatabaseProbe.open(target.databaseName) : null;
   const begin = performance.now();
-  const windowStart = begin + warmupSeconds * 1000;
-  const windowEnd = windowStart + seconds * 1000;
+  // The measured window opens after the warm-up, and not before every client has had its first
+  // answer: at high concurrency the first wave (all clients at once, cold caches, a queue backlog)
+  // can take longer than the warm-up, and a window opened during it would cut off the latencies
+  // longer than the time since the start. Capped, so one stuck request cannot hold the window shut.
+  const warmupEnd = begin + warmupSeconds * 1000;
+  let windowStart = Number.POSITIVE_INFINITY;
+  let windowEnd = Number.POSITIVE_INFINITY;
+  let firstAnswers = 0;
+  const openWindow = (at: number) => {
+    if (windowStart !== Number.POSITIVE_INFINITY) return;
+    windowStart = at;
+    windowEnd = at + seconds * 1000;
+  };
+  const cap = setTimeout(() => openWindow(performance.now()), warmupSeconds * 1000 + MAX_WARMUP_EXTENSION_MS);
   const latencies: number[] = [];
   const errorKinds: Record<string, number> = {};
   let errors = 0;
   let requests = 0;
-  const client = async () => {
+  let peakInFlight = 0;
+  let peakQueued = 0;
+  let peakConnections = 0;
+  const client = async (index: number) => {
+    const pool = pools[index % pools.length]!;
+    let answered = false;
     while (!interrupted.signal.aborted && performance.now() < windowEnd) {
-      const { error, ms } = await sendOne(pool, path);
+      const { error, ms } = await sendOne(pool, path, headers);
       requests += 1;
       const finished = performance.now();
+      if (!answered) {
+        answered = true;
+        firstAnswers += 1;
+        if (firstAnswers === concurrency) openWindow(Math.max(finished, warmupEnd));
+      }
       // A request counts in the window it completes in; the warm-up and the drain after the
       // window are load, not measurement.
       if (finished < windowStart || finished > windowEnd) continue;
@@ -337,10 +553,29 @@ async function measure(origin: string, path: string, concurrency: number, round:
       }
     }
   };
+  // Samples: the pools' own view (dispatched vs queued for a connection) and the database's.
+  const sampler = setInterval(() => {
+    let running = 0;
+    let queued = 0;
+    let connected = 0;
+    for (const pool of pools) {
+      const stats = pool.stats;
+      running += stats.running;
+      queued += stats.queued;
+      connected += stats.connected;
+    }
+    peakInFlight = Math.max(peakInFlight, running);
+    peakQueued = Math.max(peakQueued, queued);
+    peakConnections = Math.max(peakConnections, connected);
+    probe?.sampleBackends();
+  }, 250);
   try {
-    await Promise.all(Array.from({ length: concurrency }, client));
+    await Promise.all(Array.from({ length: concurrency }, (_, index) => client(index)));
   } finally {
-    await pool.close().catch(() => undefined);
+    clearInterval(sampler);
+    clearTimeout(cap);
+    await Promise.all(pools.map((pool) => pool.close().catch(() => undefined)));
+    await probe?.close();
   }
   throwIfInterrupted();
   latencies.sort((a, b) => a - b);
@@ -350,28 +585,60 @@ async function measure(origin: string, path: string, concurrency: number, round:
       round,
       concurrency,
       seconds,
+      warmupSeconds: Math.round(windowStart - begin) / 1000,
       successes: latencies.length,
       tasksPerSecond: latencies.length / seconds,
       p50: percentile(latencies, 50),
       p99: percentile(latencies, 99),
       errors,
       errorKinds,
+      origins: origins.length,
+      peakInFlight,
+      peakQueued,
+      peakConnections,
+      ...(probe ? { peakBackends: probe.peakBackends } : {}),
     },
   };
 }
 
-async function runLoad(result: TargetResult, origin: string, path: string): Promise<number> {
+async function runLoad(result: TargetResult, target: LoadTarget): Promise<number> {
   let requests = 0;
+  // The commit counter of the bench database, read only when every backend has reported (see settle).
+  let commits = target.databaseName && settleSeconds > 0 ? await settle(target.databaseName) : null;
   for (const concurrency of concurrencies) {
     await checkpoint();
     const roundNote = rounds > 1 ? `round ${currentRound}/${rounds}, ` : '';
-    process.stderr.write(`  ${result.label}: ${roundNote}concurrency ${concurrency}, ${warmupSeconds} s warm-up + ${seconds} s ...`);
-    const { measurement, requests: sent } = await measure(origin, path, concurrency, currentRound);
+    process.stderr.write(`  ${rowLabel(result)}: ${roundNote}concurrency ${concurrency}, ${warmupSeconds} s warm-up + ${seconds} s ...`);
+    const { measurement, requests: sent } = await measure(target, concurrency, currentRound);
     requests += sent;
+    if (commits !== null && target.databaseName) {
+      const after = await settle(target.databaseName);
+      if (sent > 0) measurement.commitsPerRequest = (after - commits) / sent;
+      commits = after;
+    }
     result.measurements.push(measurement);
-    process.stderr.write(` ${fmt(measurement.tasksPerSecond)} tasks/s, ${measurement.errors} errors\n`);
+    const extra = [
+      measurement.commitsPerRequest !== undefined ? `${fmt(measurement.commitsPerRequest, 2)} commits/request` : null,
+      measurement.peakBackends !== undefined ? `≤ ${measurement.peakBackends} db connections` : null,
+      `client side ≤ ${measurement.peakInFlight} in flight on ${measurement.peakConnections} connections${measurement.peakQueued > 0 ? `, ≤ ${measurement.peakQueued} queued` : ''}`,
+    ].filter((item) => item !== null);
+    if (measurement.warmupSeconds > warmupSeconds + 0.05) extra.push(`warm-up ${fmt(measurement.warmupSeconds)} s, until every client's first answer`);
+    process.stderr.write(` ${fmt(measurement.tasksPerSecond)} tasks/s, ${measurement.errors} errors (${extra.join(', ')})\n`);
   }
   return requests;
+}
+
+/**
+ * The bench database's commit counter once every backend has reported its transactions. A backend
+ * reports to pg_stat_database at most once a second, and under load often much later: its report
+ * skips a busy lock and is retried when the backend is next idle for PGSTAT_IDLE_INTERVAL (10 s),
+ * or after 60 s at the latest; seen here as thousands of commits of a load arriving at its end. So
+ * the counter is read after the servers have been idle (but for their background work) for
+ * BENCH_PG_SETTLE_SECONDS (11).
+ */
+async function settle(name: string): Promise<number> {
+  await sleep(settleSeconds * 1000);
+  return (await databaseCounters(name)).commits;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -379,7 +646,7 @@ async function runLoad(result: TargetResult, origin: string, path: string): Prom
 // pages), and the bench database's own counters for the work each task cost.
 
 async function withAdmin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: ADMIN_URL });
+  const client = new pg.Client({ connectionString: adminUrl });
   await client.connect();
   try {
     return await fn(client);
@@ -434,15 +701,57 @@ function addDatabaseWork(result: TargetResult, before: DatabaseCounters, after: 
 }
 
 async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>): Promise<T> {
-  return withBenchDatabase(async (url) => {
-    const name = databaseName(url);
-    liveDatabases.add(name);
-    try {
-      return await fn(url);
-    } finally {
+  let name = '';
+  const server = adminUrl;
+  try {
+    return await withBenchDatabase(async (url) => {
+      name = databaseName(url);
+      liveDatabases.add(name);
+      guard({ kind: 'database', name, adminUrl: server });
+      return fn(url);
+    }, server);
+  } finally {
+    // withBenchDatabase has dropped it by now.
+    if (name !== '') {
       liveDatabases.delete(name);
+      unguard({ kind: 'database', name, adminUrl: server });
     }
-  });
+  }
+}
+
+/** One admin connection watching a bench database during a measurement: the most backends connected to it. */
+class DatabaseProbe {
+  peakBackends = 0;
+  private busy = false;
+
+  private constructor(
+    private readonly client: pg.Client,
+    private readonly name: string,
+  ) {}
+
+  static async open(name: string): Promise<DatabaseProbe> {
+    const client = new pg.Client({ connectionString: adminUrl, application_name: 'bench-a2a-probe' });
+    await client.connect();
+    return new DatabaseProbe(client, name);
+  }
+
+  sampleBackends(): void {
+    if (this.busy) return;
+    this.busy = true;
+    this.client
+      .query<{ n: number }>('SELECT numbackends AS n FROM pg_stat_database WHERE datname = $1', [this.name])
+      .then(({ rows }) => {
+        this.peakBackends = Math.max(this.peakBackends, rows[0]?.n ?? 0);
+      })
+      .catch(() => undefined)
+      .finally(() => {
+        this.busy = false;
+      });
+  }
+
+  async close(): Promise<void> {
+    await this.client.end().catch(() => undefined);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -476,7 +785,7 @@ async function sdkStatements(origin: string): Promise<number> {
 async function benchSdkMemory(result: TargetResult): Promise<void> {
   const { child, origin } = await startSdkServer('memory');
   try {
-    await runLoad(result, origin, '/');
+    await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS });
   } finally {
     await child.stop();
   }
@@ -494,7 +803,7 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
       const statementsBefore = await sdkStatements(origin);
-      requests = await runLoad(result, origin, '/');
+      requests = await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, databaseName: databaseName(databaseUrl) });
       statements = (await sdkStatements(origin)) - statementsBefore;
     } finally {
       await child.stop();
@@ -503,13 +812,21 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
   });
 }
 
-async function benchKeel(result: TargetResult): Promise<void> {
+type KeelNode = { role: KeelRole; port: number; origin: string; child: ManagedChild };
+
+/**
+ * One Keel installation on a fresh database: migrated and (under token auth) given one client by
+ * the CLI, then its processes started together. Every process gets the same database, master key
+ * (KEEL_MASTER_KEY), data directory, queue backend and prefix, and a port of its own
+ * (KEEL_SERVER_PORT; a worker listens too, for /healthz, /readyz and /metrics).
+ */
+async function benchKeel(result: TargetResult, topology: Topology, queue: QueueKind): Promise<void> {
   await withTrackedDatabase(async (databaseUrl) => {
     const dataDir = mkdtempSync(join(tmpdir(), 'keel-bench-a2a-'));
+    guard({ kind: 'dir', path: dataDir });
     const configFile = join(dataDir, 'bench.config.yaml');
     // An empty config file, so a keel.config.yaml in the working directory cannot change the run.
     writeFileSync(configFile, '# bench:a2a: everything comes from the environment\n');
-    const port = await freePort();
     const queuePrefix = `bencha2a${randomBytes(4).toString('hex')}`;
     const env: NodeJS.ProcessEnv = {
       ...process.env,
@@ -517,35 +834,79 @@ async function benchKeel(result: TargetResult): Promise<void> {
       KEEL_DATABASE_URL: databaseUrl,
       KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
       KEEL_SERVER_HOST: '127.0.0.1',
-      KEEL_SERVER_PORT: String(port),
       KEEL_DATA_DIR: dataDir,
-      KEEL_AUTH_MODE: 'none',
+      KEEL_AUTH_MODE: keelAuthMode,
       KEEL_QUEUE_PREFIX: queuePrefix,
-      KEEL_LOG_LEVEL: process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn',
+      KEEL_LOG_LEVEL: keelLogLevel,
     };
+    delete env.KEEL_SERVER_PORT;
     delete env.KEEL_QUEUE_REDIS_URL;
-    if (keelQueue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
-    const origin = `http://127.0.0.1:${port}`;
-    const child = new ManagedChild('Keel', process.execPath, [join(repoRoot, 'bin/keel.js'), 'start'], { env });
+    delete env.KEEL_SECURITY_MASTER_KEY_FILE;
+    if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
+
+    const roles: KeelRole[] = topology === 'single' ? ['all'] : ['api', 'api', 'worker', 'worker'];
+    const nodes: KeelNode[] = [];
     let requests = 0;
     let before: DatabaseCounters | undefined;
     try {
-      await waitUntilReady(child, `${origin}/readyz`, 90_000);
-      const probe = await fetch(`${origin}/a2a/echo`, { method: 'POST', headers: A2A_HEADERS, body: sendMessageBody(0, 'probe') });
-      const probeBody = await probe.text();
-      if (probe.status === 404) {
-        result.unavailable = `POST /a2a/echo answered 404 (Keel's A2A server is not built yet)`;
-        return;
+      // Migrations once, before the processes start (they would serialize on an advisory lock anyway).
+      await runCommand('keel migrate', [keelBin, 'migrate'], env);
+      const headers = { ...A2A_HEADERS };
+      if (keelAuthMode === 'token') {
+        const token = (await runCommand('keel clients add', [keelBin, 'clients', 'add', 'bench'], env)).trim();
+        if (!/^keel_\S+$/.test(token)) throw new Error('keel clients add printed no token');
+        headers.authorization = `Bearer ${token}`;
       }
-      const probeError = judge(probe.status, probeBody, 'probe');
-      if (probeError) console.error(`  Keel: the probe request failed (${probeError}); measuring anyway`);
+
+      const ports = await freePorts(roles.length);
+      const startedAt = Date.now();
+      const starting = roles.map(async (role, index) => {
+        const port = ports[index]!;
+        const origin = `http://127.0.0.1:${port}`;
+        const name = topology === 'single' ? 'Keel' : `Keel --role ${role} :${port}`;
+        const child = new ManagedChild(name, process.execPath, [keelBin, 'start', '--role', role], { env: { ...env, KEEL_SERVER_PORT: String(port) } });
+        nodes.push({ role, port, origin, child });
+        await waitUntilReady(child, `${origin}/readyz`, 90_000);
+        return { role, port, readyMs: Date.now() - startedAt };
+      });
+      const started = await Promise.allSettled(starting);
+      const failed = started.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+      if (failed) throw failed.reason;
+      const startup = started.map((outcome) => (outcome as PromiseFulfilledResult<StartedProcess>).value);
+      result.startups.push(startup);
+      process.stderr.write(`  ${rowLabel(result)}: ready in ${startup.map((item) => `${item.role} ${fmt(item.readyMs / 1000)} s`).join(', ')}\n`);
+
+      const apis = nodes.filter((node) => node.role !== 'worker');
+      for (const api of apis) {
+        const probe = await fetch(`${api.origin}/a2a/echo`, { method: 'POST', headers, body: sendMessageBody(0, 'probe') });
+        const probeBody = await probe.text();
+        if (probe.status === 404) {
+          result.unavailable = `POST /a2a/echo answered 404 (Keel's A2A server is not built yet)`;
+          return;
+        }
+        const probeError = judge(probe.status, probeBody, 'probe');
+        if (probeError) console.error(`  ${api.child.name}: the probe request failed (${probeError}); measuring anyway`);
+      }
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
-      requests = await runLoad(result, origin, '/a2a/echo');
+      requests = await runLoad(result, { origins: apis.map((api) => api.origin), path: '/a2a/echo', headers, databaseName: databaseName(databaseUrl) });
+      const erred = result.measurements.some((m) => m.round === currentRound && m.errors > 0);
+      for (const node of nodes) {
+        // A process that died, or the last words of each when requests failed (its warnings and errors).
+        const tail = node.child
+          .tail(erred ? 8 : 15)
+          .split('\n')
+          .map((line) => (line.length > 400 ? `${line.slice(0, 400)} …` : line))
+          .join('\n');
+        if (!node.child.running) result.notes.push(`round ${currentRound}: ${node.child.name} exited during the load:\n${tail}`);
+        else if (erred && tail !== '') result.notes.push(`round ${currentRound}: requests failed; the last output of ${node.child.name}:\n${tail}`);
+      }
     } finally {
-      await child.stop(15_000);
-      if (keelQueue === 'redis') await dropRedisKeys(queuePrefix);
+      // All at once: the APIs' blocking waits are over (the load has drained), the workers drain their own.
+      await Promise.all(nodes.map((node) => node.child.stop(15_000)));
+      if (queue === 'redis') await dropRedisKeys(queuePrefix);
       rmSync(dataDir, { recursive: true, force: true });
+      unguard({ kind: 'dir', path: dataDir });
     }
     if (before) addDatabaseWork(result, before, await settledCounters(databaseName(databaseUrl)), requests);
   });
@@ -572,14 +933,54 @@ async function dropRedisKeys(prefix: string): Promise<void> {
   }
 }
 
-const TARGETS: Record<TargetId, { label: string; run: (result: TargetResult) => Promise<void> }> = {
-  'sdk-memory': { label: 'SDK in-memory', run: benchSdkMemory },
-  'sdk-postgres': { label: 'SDK Postgres', run: benchSdkPostgres },
-  keel: { label: `Keel (${keelQueue} queue)`, run: benchKeel },
-};
+type TargetPlan = { result: TargetResult; run: () => Promise<void> };
+
+/** Every (target, topology, queue) to measure, in the order they run in each round. */
+function plan(): TargetPlan[] {
+  const plans: TargetPlan[] = [];
+  const make = (id: string, kind: TargetKind, target: string, topology: string, queue: QueueKind | null): TargetResult => ({
+    id,
+    kind,
+    target,
+    topology,
+    queue,
+    measurements: [],
+    startups: [],
+    notes: [],
+  });
+  if (targetKinds.includes('sdk-memory')) {
+    const result = make('sdk-memory', 'sdk-memory', 'SDK in-memory', '1 process', null);
+    plans.push({ result, run: () => benchSdkMemory(result) });
+  }
+  if (targetKinds.includes('sdk-postgres')) {
+    const result = make('sdk-postgres', 'sdk-postgres', 'SDK Postgres', '1 process', null);
+    plans.push({ result, run: () => benchSdkPostgres(result) });
+  }
+  if (targetKinds.includes('keel')) {
+    for (const queue of keelQueues) {
+      for (const topology of topologies) {
+        const result = make(`keel-${topology}-${queue}`, 'keel', 'Keel', topology, queue);
+        plans.push({ result, run: () => benchKeel(result, topology, queue) });
+      }
+    }
+  }
+  return plans;
+}
+
+function rowLabel(result: TargetResult): string {
+  return result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue)` : result.target;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Report.
+
+type PostgresInfo = { kind: 'private' | 'machine'; version: string; maxConnections: number; settings: string[] };
+
+function postgresLine(info: PostgresInfo): string {
+  return info.kind === 'private'
+    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'})`
+    : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it`;
+}
 
 function machineLine(postgresVersion: string): string {
   const cores = cpus();
@@ -587,7 +988,20 @@ function machineLine(postgresVersion: string): string {
   return `machine: ${cores.length} cores (${model}), ${fmt(totalmem() / 2 ** 30)} GiB, ${platform()} ${arch()}, node ${process.version}, Postgres ${postgresVersion}; ${new Date().toISOString()}`;
 }
 
-type Summary = { tasksPerSecond: number; min: number; max: number; p50: number; p99: number; errors: number; rounds: number };
+type Summary = {
+  tasksPerSecond: number;
+  min: number;
+  max: number;
+  p50: number;
+  p99: number;
+  errors: number;
+  rounds: number;
+  commitsPerRequest?: number;
+  peakBackends?: number;
+  peakInFlight: number;
+  peakQueued: number;
+  peakConnections: number;
+};
 
 function median(values: number[]): number {
   const sorted = [...values].sort((a, b) => a - b);
@@ -600,6 +1014,8 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
   const runs = result?.measurements.filter((m) => m.concurrency === concurrency) ?? [];
   if (runs.length === 0) return undefined;
   const rates = runs.map((m) => m.tasksPerSecond);
+  const commits = runs.flatMap((m) => (m.commitsPerRequest === undefined ? [] : [m.commitsPerRequest]));
+  const backends = runs.flatMap((m) => (m.peakBackends === undefined ? [] : [m.peakBackends]));
   return {
     tasksPerSecond: median(rates),
     min: Math.min(...rates),
@@ -608,51 +1024,134 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
     p99: median(runs.map((m) => m.p99)),
     errors: runs.reduce((sum, m) => sum + m.errors, 0),
     rounds: runs.length,
+    ...(commits.length > 0 ? { commitsPerRequest: median(commits) } : {}),
+    ...(backends.length > 0 ? { peakBackends: Math.max(...backends) } : {}),
+    peakInFlight: Math.max(...runs.map((m) => m.peakInFlight)),
+    peakQueued: Math.max(...runs.map((m) => m.peakQueued)),
+    peakConnections: Math.min(...runs.map((m) => m.peakConnections)),
   };
 }
 
-function report(results: TargetResult[], postgresVersion: string): void {
+type Row = {
+  target: string;
+  kind: TargetKind;
+  topology: string;
+  queue: QueueKind | null;
+  concurrency: number;
+  summary: Summary | undefined;
+  unavailable?: string;
+  /** Keel only: its tasks/s ÷ the SDK's at the same concurrency, in the same run. */
+  ratioSdkPostgres?: number;
+  ratioSdkMemory?: number;
+};
+
+function rows(results: TargetResult[]): Row[] {
+  const sdkRate = (kind: TargetKind, concurrency: number) => summarize(results.find((result) => result.kind === kind), concurrency)?.tasksPerSecond;
+  const ratio = (value: number, base: number | undefined) => (base === undefined || base <= 0 ? undefined : value / base);
+  return concurrencies.flatMap((concurrency) =>
+    results.map((result) => {
+      const summary = summarize(result, concurrency);
+      const row: Row = { target: result.target, kind: result.kind, topology: result.topology, queue: result.queue, concurrency, summary };
+      if (!summary && result.unavailable) row.unavailable = firstLine(result.unavailable);
+      if (summary && result.kind === 'keel') {
+        const onPostgres = ratio(summary.tasksPerSecond, sdkRate('sdk-postgres', concurrency));
+        const inMemory = ratio(summary.tasksPerSecond, sdkRate('sdk-memory', concurrency));
+        if (onPostgres !== undefined) row.ratioSdkPostgres = onPostgres;
+        if (inMemory !== undefined) row.ratioSdkMemory = inMemory;
+      }
+      return row;
+    }),
+  );
+}
+
+/**
+ * A plain text table: the first `leftColumns` columns left-aligned, the rest right-aligned. A row
+ * shorter than the header (a note in place of figures) has its last cell printed as it is.
+ */
+function table(header: string[], body: string[][], leftColumns: number): string[] {
+  const full = [header, ...body.filter((cells) => cells.length === header.length)];
+  const widths = header.map((_, column) => Math.max(...full.map((cells) => cells[column]!.length)));
+  const line = (cells: string[]) => {
+    const short = cells.length < header.length;
+    return cells
+      .map((cell, column) => {
+        if (short && column === cells.length - 1) return cell;
+        return column < leftColumns ? cell.padEnd(widths[column]!) : cell.padStart(widths[column]!);
+      })
+      .join('  ')
+      .trimEnd();
+  };
+  return [line(header), ...body.map((cells) => (cells.length === 0 ? '' : line(cells)))];
+}
+
+function report(results: TargetResult[], postgres: PostgresInfo): void {
   const lines: string[] = [];
+  const anyKeel = results.some((result) => result.kind === 'keel');
   lines.push('');
   lines.push('bench:a2a — blocking SendMessage over JSON-RPC, echo agent, a new task per request');
-  lines.push(machineLine(postgresVersion));
+  lines.push(machineLine(postgres.version));
+  lines.push(postgresLine(postgres));
   lines.push(
-    `load: ${warmupSeconds} s warm-up + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
-      `one server at a time, each in its own process; load generator, servers, Postgres${keelQueue === 'redis' ? ' and Redis' : ''} share the machine; ` +
-      `Keel queue backend: ${keelQueue}; SDK pg pool: ${sdkPoolSize}`,
+    `load: ${warmupSeconds} s warm-up (longer until every client has had its first answer) + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
+      `one target at a time, each in processes of its own; load generator, servers, Postgres${keelQueues.includes('redis') ? ' and Redis' : ''} share the machine; ` +
+      `SDK pg pool: ${sdkPoolSize}${anyKeel ? `; Keel auth: ${keelAuthMode}` : ''}`,
   );
   lines.push('success = a COMPLETED task carrying the expected artifact text; latency percentiles over successes; errors summed over rounds');
+  if (anyKeel) {
+    lines.push(`Keel topologies: ${topologies.map((topology) => `${topology} = ${TOPOLOGY_DESCRIPTION[topology]}`).join('; ')}${topologies.includes('split') ? ' (clients round-robin over the APIs)' : ''}`);
+  }
+  lines.push('');
 
+  const all = rows(results);
+  const header = ['conc', 'target', 'topology', 'queue', 'tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem', 'commits/req'];
+  if (rounds > 1) header.push('range');
+  const body: string[][] = [];
   for (const concurrency of concurrencies) {
-    lines.push('');
-    lines.push(`concurrency ${concurrency}`);
-    const range = rounds > 1 ? ` ${'range'.padStart(15)}` : '';
-    lines.push(`  ${'target'.padEnd(22)} ${'tasks/s'.padStart(9)} ${'p50 ms'.padStart(8)} ${'p99 ms'.padStart(8)} ${'errors'.padStart(7)}${range}`);
-    for (const result of results) {
-      const m = summarize(result, concurrency);
+    if (body.length > 0) body.push([]);
+    for (const row of all.filter((item) => item.concurrency === concurrency)) {
+      const m = row.summary;
+      const lead = [String(concurrency), row.target, row.topology, row.queue ?? '-'];
       if (!m) {
-        lines.push(`  ${result.label.padEnd(22)} not available${result.unavailable ? `: ${firstLine(result.unavailable)}` : ''}`);
+        body.push([...lead, `not available${row.unavailable ? `: ${row.unavailable}` : ''}`]);
         continue;
       }
-      const spread = rounds > 1 ? ` ${`${fmt(m.min)}–${fmt(m.max)}`.padStart(15)}` : '';
-      lines.push(`  ${result.label.padEnd(22)} ${fmt(m.tasksPerSecond).padStart(9)} ${ms(m.p50).padStart(8)} ${ms(m.p99).padStart(8)} ${String(m.errors).padStart(7)}${spread}`);
+      const cells = [
+        ...lead,
+        fmt(m.tasksPerSecond),
+        ms(m.p50),
+        ms(m.p99),
+        String(m.errors),
+        row.ratioSdkPostgres === undefined ? '-' : `${fmt(row.ratioSdkPostgres, 2)}×`,
+        row.ratioSdkMemory === undefined ? '-' : `${fmt(row.ratioSdkMemory, 2)}×`,
+        m.commitsPerRequest === undefined ? '-' : fmt(m.commitsPerRequest, 2),
+      ];
+      if (rounds > 1) cells.push(`${fmt(m.min)}–${fmt(m.max)}`);
+      body.push(cells);
     }
-    const keelResult = results.find((result) => result.id === 'keel');
-    if (!keelResult) continue;
-    const keel = summarize(keelResult, concurrency);
-    const ratios: [TargetId, string, number][] = [
-      ['sdk-postgres', 'SDK Postgres', 3],
-      ['sdk-memory', 'SDK in-memory', 0.5],
-    ];
-    for (const [id, label, target] of ratios) {
-      const sdk = summarize(results.find((result) => result.id === id), concurrency);
-      if (!sdk) continue;
-      if (!keel) {
-        lines.push(`  Keel ÷ ${label}: no Keel figure (target ≥ ${target}×)`);
-        continue;
-      }
-      const ratio = sdk.tasksPerSecond > 0 ? keel.tasksPerSecond / sdk.tasksPerSecond : Number.NaN;
-      lines.push(`  Keel ÷ ${label}: ${fmt(ratio, 2)}× (target ≥ ${target}×: ${ratio >= target ? 'met' : 'not met'})`);
+  }
+  lines.push(...table(header, body, 4));
+  lines.push('');
+  lines.push('÷SDK-PG, ÷SDK-mem: Keel tasks/s ÷ the SDK server on Postgres / in memory at the same concurrency in this run (DESIGN.md targets: ≥ 3× and ≥ 0.5×)');
+  if (settleSeconds > 0) {
+    lines.push('commits/req: pg_stat_database.xact_commit of the bench database over the whole phase at that concurrency (warm-up, window, drain,');
+    lines.push(`  ${settleSeconds} s idle until every backend has reported) ÷ the requests sent in it; every committed transaction: reads, queue polling, sweeps too`);
+  }
+
+  // Each client has a connection of its own: fewer connections than clients, or a request queued for
+  // one, means the load generator (not the server) held requests back.
+  const measured = all.filter((row) => row.summary);
+  const starved = measured.filter((row) => row.summary!.peakQueued > 0 || row.summary!.peakConnections < row.concurrency);
+  if (measured.length > 0) lines.push('');
+  if (measured.length > 0 && starved.length === 0) {
+    const inFlight = concurrencies
+      .filter((c) => measured.some((row) => row.concurrency === c))
+      .map((c) => `at ${c}: ≤ ${Math.max(...measured.filter((row) => row.concurrency === c).map((row) => row.summary!.peakInFlight))} in flight`);
+    lines.push(`client side: every run had one connection per client and no request queued for a connection (${inFlight.join(', ')})`);
+  } else if (starved.length > 0) {
+    lines.push('client side: the load generator held requests back (undici pool statistics, sampled every 250 ms)');
+    for (const row of starved) {
+      const m = row.summary!;
+      lines.push(`  ${row.target} ${row.topology} ${row.queue ?? ''} at ${row.concurrency}: ≤ ${m.peakConnections} connections, ≤ ${m.peakInFlight} in flight, ≤ ${m.peakQueued} queued for a connection`);
     }
   }
 
@@ -662,7 +1161,7 @@ function report(results: TargetResult[], postgresVersion: string): void {
     lines.push('errors');
     for (const { result, m } of withErrors) {
       const kinds = Object.entries(m.errorKinds).sort((a, b) => b[1] - a[1]);
-      lines.push(`  ${result.label}, concurrency ${m.concurrency}${rounds > 1 ? `, round ${m.round}` : ''}:`);
+      lines.push(`  ${rowLabel(result)}, concurrency ${m.concurrency}${rounds > 1 ? `, round ${m.round}` : ''}:`);
       for (const [kind, count] of kinds.slice(0, 8)) lines.push(`    ${String(count).padStart(7)} × ${kind}`);
       if (kinds.length > 8) lines.push(`    ... and ${kinds.length - 8} other kinds`);
     }
@@ -672,20 +1171,38 @@ function report(results: TargetResult[], postgresVersion: string): void {
   const unavailable = results.filter((result) => result.unavailable?.includes('\n'));
   if (unavailable.length > 0) {
     lines.push('');
-    for (const result of unavailable) lines.push(`${result.label} not available: ${result.unavailable}`);
+    for (const result of unavailable) lines.push(`${rowLabel(result)} not available: ${result.unavailable}`);
+  }
+  const notes = results.filter((result) => result.notes.length > 0);
+  if (notes.length > 0) {
+    lines.push('');
+    for (const result of notes) for (const note of result.notes) lines.push(`${rowLabel(result)}: ${note}`);
   }
 
   const work = results.filter((result) => result.databaseWork && result.databaseWork.requests > 0);
   if (work.length > 0) {
     lines.push('');
-    lines.push('database work per request (bench database counters over the whole load, warm-up included; approximate)');
+    lines.push('database work per request over the whole run of each target, start-up to shut-down (every concurrency, warm-ups, idle waits and the servers\' own');
+    lines.push('shut-down included; counters read after the servers exited)');
     for (const result of work) {
       const w = result.databaseWork!;
       const per = (value: number) => fmt(value / w.requests, 2);
       const statements = w.statements === undefined ? '' : `${per(w.statements)} statements, `;
-      lines.push(`  ${result.label.padEnd(22)} ${statements}${per(w.commits)} commits, ${per(w.rollbacks)} rollbacks, ${per(w.rowsWritten)} rows written (${w.requests} requests)`);
+      const peak = Math.max(0, ...result.measurements.map((m) => m.peakBackends ?? 0));
+      lines.push(
+        `  ${rowLabel(result).padEnd(32)} ${statements}${per(w.commits)} commits, ${per(w.rollbacks)} rollbacks, ${per(w.rowsWritten)} rows written (${w.requests} requests; ≤ ${peak} connections)`,
+      );
     }
-    lines.push('  (a commit here is any committed transaction, reads included: pg_stat_database.xact_commit)');
+  }
+
+  const started = results.filter((result) => result.startups.length > 0);
+  if (started.length > 0) {
+    lines.push('');
+    lines.push(`Keel start-up (spawn to /readyz answering 200, all processes at once, after \`keel migrate\`${keelAuthMode === 'token' ? ' and `keel clients add`' : ''})`);
+    for (const result of started) {
+      const text = result.startups.map((processes) => processes.map((item) => `${item.role} ${fmt(item.readyMs / 1000)} s`).join(', ')).join(' | ');
+      lines.push(`  ${rowLabel(result).padEnd(32)} ${text}`);
+    }
   }
   console.log(lines.join('\n'));
 }
@@ -698,25 +1215,122 @@ function firstLine(text: string): string {
   return text.split('\n')[0]!;
 }
 
+/** Every figure, for docs: the summary rows and the raw measurements. */
+function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<string, unknown> {
+  const round2 = (value: number | undefined) => (value === undefined || Number.isNaN(value) ? null : Math.round(value * 100) / 100);
+  return {
+    bench: 'a2a',
+    date: new Date().toISOString(),
+    machine: { cores: cpus().length, cpu: cpus()[0]?.model.trim(), memoryGiB: round2(totalmem() / 2 ** 30), node: process.version, postgres: postgres.version },
+    postgres,
+    load: { warmupSeconds, seconds, rounds, concurrencies, topologies, keelQueues, keelAuth: keelAuthMode, sdkPoolSize },
+    rows: rows(results).map((row) => ({
+      target: row.target,
+      topology: row.topology,
+      queue: row.queue,
+      concurrency: row.concurrency,
+      ...(row.summary
+        ? {
+            tasksPerSecond: round2(row.summary.tasksPerSecond),
+            p50Ms: round2(row.summary.p50),
+            p99Ms: round2(row.summary.p99),
+            errors: row.summary.errors,
+            rounds: row.summary.rounds,
+            ...(rounds > 1 ? { tasksPerSecondMin: round2(row.summary.min), tasksPerSecondMax: round2(row.summary.max) } : {}),
+            ratioSdkPostgres: round2(row.ratioSdkPostgres),
+            ratioSdkMemory: round2(row.ratioSdkMemory),
+            commitsPerRequest: round2(row.summary.commitsPerRequest),
+            peakDatabaseConnections: row.summary.peakBackends ?? null,
+            peakInFlight: row.summary.peakInFlight,
+            peakQueuedClientSide: row.summary.peakQueued,
+            clientConnections: row.summary.peakConnections,
+          }
+        : { unavailable: row.unavailable ?? 'not measured' }),
+    })),
+    targets: results.map((result) => ({
+      id: result.id,
+      target: result.target,
+      topology: result.topology,
+      queue: result.queue,
+      ...(result.unavailable ? { unavailable: result.unavailable } : {}),
+      ...(result.notes.length > 0 ? { notes: result.notes } : {}),
+      ...(result.databaseWork
+        ? {
+            databaseWorkPerRequest: {
+              requests: result.databaseWork.requests,
+              commits: round2(result.databaseWork.commits / result.databaseWork.requests),
+              rollbacks: round2(result.databaseWork.rollbacks / result.databaseWork.requests),
+              rowsWritten: round2(result.databaseWork.rowsWritten / result.databaseWork.requests),
+              ...(result.databaseWork.statements !== undefined ? { statements: round2(result.databaseWork.statements / result.databaseWork.requests) } : {}),
+            },
+          }
+        : {}),
+      ...(result.startups.length > 0 ? { startups: result.startups } : {}),
+      measurements: result.measurements.map((m) => ({ ...m, p50: round2(m.p50), p99: round2(m.p99), commitsPerRequest: round2(m.commitsPerRequest) })),
+    })),
+  };
+}
+
 // ---------------------------------------------------------------------------------------------
 
 async function main(): Promise<number> {
-  const postgresVersion = await withAdmin(async (client) => (await client.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version);
+  if (usePrivatePostgres) {
+    process.stderr.write('bench:a2a: starting a private Postgres cluster ...');
+    // The machine's server is the model (version, settings) when it answers; the cluster starts without it too.
+    const mirrorFrom = await withAdmin(async () => ADMIN_URL).catch(() => undefined);
+    privatePostgres = await startPrivatePostgres({
+      ...(mirrorFrom ? { mirrorFrom } : {}),
+      maxConnections: privateMaxConnections,
+      ...(process.env.BENCH_PG_BINDIR ? { binDir: process.env.BENCH_PG_BINDIR } : {}),
+      signal: interrupted.signal,
+      onDataDir: (path) => guard({ kind: 'dir', path }),
+      onServer: (pid, dir) => guard({ kind: 'postgres', pid, dir }),
+    });
+    adminUrl = privatePostgres.adminUrl;
+    process.stderr.write(` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}\n`);
+  }
+  try {
+    return await measureAll();
+  } finally {
+    if (privatePostgres) {
+      const { pid, dataDir } = privatePostgres;
+      await privatePostgres.stop().catch((error: Error) => console.error(`bench:a2a: the private Postgres did not stop cleanly: ${error.message}`));
+      privatePostgres = null;
+      unguard({ kind: 'postgres', pid, dir: dataDir });
+      unguard({ kind: 'dir', path: dataDir });
+    }
+  }
+}
+
+async function measureAll(): Promise<number> {
+  const postgres = await withAdmin(async (client): Promise<PostgresInfo> => {
+    const version = (await client.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
+    const maxConnections = Number((await client.query<{ max_connections: string }>('SHOW max_connections')).rows[0]!.max_connections);
+    return { kind: usePrivatePostgres ? 'private' : 'machine', version, maxConnections, settings: privatePostgres?.settings ?? [] };
+  });
+  const keelNote = targetKinds.includes('keel') ? `; Keel topologies ${topologies.join(', ')} on queue ${keelQueues.join(', ')}, auth ${keelAuthMode}` : '';
   console.error(
-    `bench:a2a: targets ${targetIds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${warmupSeconds} s warm-up + ${seconds} s each` +
-      `${rounds > 1 ? `; ${rounds} rounds` : ''}; Keel queue backend: ${keelQueue}`,
+    `bench:a2a: targets ${targetKinds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${warmupSeconds} s warm-up + ${seconds} s each` +
+      `${rounds > 1 ? `; ${rounds} rounds` : ''}${keelNote}; Postgres ${postgres.kind} (max_connections ${postgres.maxConnections})`,
   );
-  const results: TargetResult[] = targetIds.map((id) => ({ id, label: TARGETS[id].label, measurements: [] }));
+  if (postgres.kind === 'machine' && targetKinds.includes('keel') && topologies.includes('split') && keelQueues.includes('postgres') && postgres.maxConnections < 300) {
+    console.error(
+      `bench:a2a: warning: 4 Keel processes on the Postgres queue backend hold more connections than max_connections ${postgres.maxConnections} allows ` +
+        `("too many clients" errors, for other users of the server too); BENCH_POSTGRES=private avoids it`,
+    );
+  }
+  const plans = plan();
+  const results = plans.map((item) => item.result);
   for (currentRound = 1; currentRound <= rounds && !interrupted.signal.aborted; currentRound += 1) {
-    for (const result of results) {
+    for (const { result, run } of plans) {
       // A target that could not be measured once is not retried in later rounds.
       if (result.unavailable) continue;
       try {
-        await TARGETS[result.id].run(result);
+        await run();
       } catch (error) {
         if (interrupted.signal.aborted) break;
         result.unavailable = (error as Error).message;
-        console.error(`  ${result.label}: ${result.unavailable}`);
+        console.error(`  ${rowLabel(result)}: ${result.unavailable}`);
       }
     }
   }
@@ -724,23 +1338,22 @@ async function main(): Promise<number> {
     console.error('bench:a2a: interrupted; the servers are stopped and the bench databases dropped');
     return 130;
   }
-  report(results, postgresVersion);
-  if (process.env.BENCH_JSON) {
-    const document = {
-      date: new Date().toISOString(),
-      machine: { cores: cpus().length, cpu: cpus()[0]?.model.trim(), node: process.version, postgres: postgresVersion },
-      load: { warmupSeconds, seconds, rounds, concurrencies, keelQueue, sdkPoolSize },
-      results,
-    };
-    writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
-  }
+  report(results, postgres);
+  const document = jsonDocument(results, postgres);
+  if (process.env.BENCH_JSON) writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
+  // The last line of stdout: every figure as one JSON document (`npm run bench:a2a | tail -n 1`).
+  console.log(JSON.stringify(document));
   return 0;
 }
 
 main().then(
-  (code) => process.exit(code),
-  (error: Error) => {
+  async (code) => {
+    await dismissWatchdog();
+    process.exit(code);
+  },
+  async (error: Error) => {
     console.error(`bench:a2a failed: ${error.stack ?? error.message}`);
+    await dismissWatchdog();
     process.exit(interrupted.signal.aborted ? 130 : 1);
   },
 );

@@ -6,12 +6,13 @@ import pg from 'pg';
 
 export const ADMIN_URL = process.env.KEEL_BENCH_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 
-export async function withBenchDatabase<T>(fn: (url: string) => Promise<T>): Promise<T> {
+/** A fresh database on the server at `adminUrl` (the machine's by default) for `fn`, dropped afterwards. */
+export async function withBenchDatabase<T>(fn: (url: string) => Promise<T>, adminUrl: string = ADMIN_URL): Promise<T> {
   const name = `keel_bench_${randomBytes(5).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: ADMIN_URL });
+  const admin = new pg.Client({ connectionString: adminUrl });
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
-  const url = new URL(ADMIN_URL);
+  const url = new URL(adminUrl);
   url.pathname = `/${name}`;
   try {
     return await fn(url.toString());
