@@ -1,5 +1,6 @@
 import { chmodSync, existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { sql } from 'slonik';
 import { afterAll, describe, expect, it } from 'vitest';
 import { runningEmbeddedUrl } from '../../src/db/embedded-postgres.js';
 import { createDatabasePool } from '../../src/db/pool.js';
@@ -74,6 +75,9 @@ describe('the embedded default', () => {
     const sealer = createSealer(new MasterKeyRing(keys.keys));
     const run = await createRun(pool, sealer, { agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', request: { text: 'kept across restarts' } });
     runId = run.id;
+    // Not due for a day: the running Keel's sweeper gives it a delayed job, so no worker takes it
+    // (its request is not an agent request) before the restart check below.
+    await pool.query(sql.unsafe`UPDATE runs SET available_at = now() + interval '1 day' WHERE id = ${runId}`);
     await pool.end();
     const listed = await runKeel(['runs', 'list', '--json'], { cwd, env });
     expect(listed.code).toBe(0);
