@@ -156,6 +156,30 @@ export function createRunExecutor(
     return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
   }
 
+  // The loop machine with its actors is built once: providing implementations per run built a new
+  // StateMachine (every transition formatted again) for each run. The actors find the run's own
+  // steps through the run actor's system (children share their parent's system).
+  type LoopSteps = {
+    checkpoint: () => Promise<CheckpointResult>;
+    checkGuardrails: (input: { stage: 'input' | 'answer'; text: string }) => Promise<GuardrailOutcome>;
+    callModel: (context: LoopContext) => Promise<ModelStepResult>;
+    runTools: (context: LoopContext, calls: ToolCall[]) => Promise<ToolStepResult>;
+  };
+  const stepsOf = new WeakMap<object, LoopSteps>();
+  const stepsFor = (system: object): LoopSteps => {
+    const found = stepsOf.get(system);
+    if (!found) throw new Error('agent loop: no steps registered for this run');
+    return found;
+  };
+  const loopMachine = agentLoopMachine.provide({
+    actors: {
+      checkpoint: fromPromise(({ system }) => stepsFor(system).checkpoint()),
+      checkGuardrails: fromPromise(({ input, system }: { input: { stage: 'input' | 'answer'; text: string }; system: object }) => stepsFor(system).checkGuardrails(input)),
+      callModel: fromPromise(({ input, system }: { input: { context: LoopContext }; system: object }) => stepsFor(system).callModel(input.context)),
+      runTools: fromPromise(({ input, system }: { input: { context: LoopContext; calls: ToolCall[] }; system: object }) => stepsFor(system).runTools(input.context, input.calls)),
+    },
+  });
+
   type Slot = { lease: LeaseKeeper | null; done: Promise<void> };
   const inFlight = new Map<string, Slot>();
   let draining = false;
@@ -429,16 +453,10 @@ export function createRunExecutor(
       return verdict;
     };
 
-    const machine = agentLoopMachine.provide({
-      actors: {
-        checkpoint: fromPromise(() => checkpoint()),
-        checkGuardrails: fromPromise(({ input }: { input: { stage: 'input' | 'answer'; text: string } }) => checkGuardrails(input)),
-        callModel: fromPromise(({ input }: { input: { context: LoopContext } }) => callModel(input.context)),
-        runTools: fromPromise(({ input }: { input: { context: LoopContext; calls: ToolCall[] } }) => runTools(input.context, input.calls)),
-      },
-    });
+    const steps: LoopSteps = { checkpoint, checkGuardrails, callModel, runTools };
     const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
-    const actor = createActor(machine, { input: { ...rebuilt.state, limits, outcome: null } });
+    const actor = createActor(loopMachine, { input: { ...rebuilt.state, limits, outcome: null } });
+    stepsOf.set(actor.system, steps);
     let outcome: LoopOutcome;
     let finalState: LoopState;
     try {
@@ -474,6 +492,7 @@ export function createRunExecutor(
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
           const settled = await completeRun(pool, sealer, logger, {
             beforeSettle: (transaction) => audit.flushWithin(transaction),
+            takeAuditInsert: () => audit.takeUnrefusableInsert(),
             taskId: run!.task_id,
             hasOutputs: storedOutputs > 0,
             runId,

@@ -27,7 +27,18 @@ export async function recordDeliveries(
   if (events.length === 0) return [];
   const configs = await db.anyFirst(sql.type(z.object({ id: z.string() }))`
     SELECT id FROM push_configs WHERE task_id = ${taskId} AND deleted_at IS NULL AND state IN ('active', 'paused') ORDER BY id`);
-  if (configs.length === 0) return [];
+  return recordDeliveriesFor(db, taskId, configs, events, limits);
+}
+
+/** recordDeliveries for configs the caller has read already (active or paused, in id order). */
+export async function recordDeliveriesFor(
+  db: CommonQueryMethods,
+  taskId: string,
+  configs: readonly string[],
+  events: readonly NewDeliveryEvent[],
+  limits: { deadlineHours: number; maxPendingPerConfig: number; maxPendingTotal: number },
+): Promise<string[]> {
+  if (events.length === 0 || configs.length === 0) return [];
   const rows = configs.flatMap((configId) =>
     events.map((event) => [randomUUID(), taskId, configId, event.sequence, event.terminal, event.coalescible] as const),
   );

@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods } from 'slonik';
+import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
@@ -26,6 +26,23 @@ export function auditPayload(level: PrivacyLevel, event: AuditEvent): Record<str
     case 'metadata':
       return { ...meta, content: summarizeValue(event.content) };
   }
+}
+
+type SerializedRow = [sequence: number, kind: string, payload: string, at: number];
+
+const serializedRow = (event: { sequence: number; kind: string; payload: Record<string, unknown>; at: number }): SerializedRow => [
+  event.sequence,
+  event.kind,
+  JSON.stringify(event.payload),
+  event.at,
+];
+
+const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
+const REFUSED_ESCAPE = /\\u(0000|d[89a-f])/i;
+
+/** Whether Postgres cannot refuse the row's text: printable ASCII, no \u0000, no lone surrogate. */
+function cannotBeRefused(row: SerializedRow): boolean {
+  return PRINTABLE_ASCII.test(row[1]) && PRINTABLE_ASCII.test(row[2]) && !REFUSED_ESCAPE.test(row[2]);
 }
 
 /**
@@ -90,6 +107,15 @@ export class AuditTrail {
    */
   async flushWithin(transaction: CommonQueryMethods): Promise<boolean> {
     if (this.pending.length === 0) return true;
+    const rows = this.pending.map(serializedRow);
+    if (rows.every(cannotBeRefused)) {
+      // Printable ASCII with no NUL or lone-surrogate escape: valid jsonb in every server encoding,
+      // for a row whose run is locked by the caller and whose key conflicts are ignored. No data
+      // error can refuse it, so the savepoint (one round trip and a subtransaction) is skipped.
+      this.pending.length = 0;
+      await this.insertRows(transaction, rows);
+      return true;
+    }
     return transaction.transaction((nested) => this.flushStrict(nested)).then(
       () => true,
       (error: unknown) => {
@@ -102,14 +128,32 @@ export class AuditTrail {
   private async flushStrict(db: CommonQueryMethods): Promise<void> {
     if (this.pending.length === 0) return;
     const batch = this.pending.splice(0, this.pending.length);
-    await db.query(sql.unsafe`
+    await this.insertRows(db, batch.map(serializedRow));
+  }
+
+  private async insertRows(db: CommonQueryMethods, rows: SerializedRow[]): Promise<void> {
+    await db.query(sql.unsafe`${this.insertFragment(rows)}`);
+  }
+
+  private insertFragment(rows: SerializedRow[]): FragmentSqlToken {
+    return sql.fragment`
       INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
       SELECT ${this.runId}::uuid, sequence, kind, payload, to_timestamp(at / 1000.0)
-      FROM ${sql.unnest(
-        batch.map((event) => [event.sequence, event.kind, JSON.stringify(event.payload), event.at]),
-        ['int4', 'text', 'jsonb', 'float8'],
-      )} AS t(sequence, kind, payload, at)
-      ON CONFLICT (run_id, sequence) DO NOTHING`);
+      FROM ${sql.unnest(rows, ['int4', 'text', 'jsonb', 'float8'])} AS t(sequence, kind, payload, at)
+      ON CONFLICT (run_id, sequence) DO NOTHING`;
+  }
+
+  /**
+   * The buffered events as an INSERT for a data-modifying CTE of the caller's next statement in its
+   * transaction (no round trip of their own), taken out of the buffer; null when nothing is
+   * buffered or a row could be refused (then flushWithin writes them in a savepoint).
+   */
+  takeUnrefusableInsert(): FragmentSqlToken | null {
+    if (this.pending.length === 0) return null;
+    const rows = this.pending.map(serializedRow);
+    if (!rows.every(cannotBeRefused)) return null;
+    this.pending.length = 0;
+    return this.insertFragment(rows);
   }
 
   /** Records and stores at once; false means the event is not in the trail. */

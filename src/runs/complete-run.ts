@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
+import { sql, type CommonQueryMethods, type DatabasePool, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { TerminationReason } from '../../machines/run.machine.js';
@@ -21,6 +21,11 @@ export type CompletionInput = {
   totals: RunTotals;
   /** Runs inside the completion transaction first (the audit trail's last events). */
   beforeSettle?: (transaction: CommonQueryMethods) => Promise<unknown>;
+  /**
+   * The audit trail's last events as an INSERT that can ride in the statement writing the task's
+   * result (AuditTrail.takeUnrefusableInsert); what it does not take, beforeSettle writes.
+   */
+  takeAuditInsert?: () => FragmentSqlToken | null;
   /** The run serves this A2A task (runs.task_id), so task and run are locked together. */
   taskId: string | null;
   /** False when the run stored no artifacts: nothing to merge into the result. */
@@ -59,8 +64,10 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
     const settle = () =>
       settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
     if (!run || run.status !== 'running' || run.claimed_by !== input.workerId) return settle();
-    await input.beforeSettle?.(transaction);
     const level = run.answer_level as PrivacyLevel;
+    // A result written to the task row carries the audit rows in the same statement.
+    const auditInsert = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditInsert?.() ?? null) : null;
+    await input.beforeSettle?.(transaction);
 
     if (run.task_id === null) {
       if (input.answer !== null) {
@@ -92,7 +99,7 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
       presentation !== 'artifact' && input.answer !== null
         ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: run.context_id ?? undefined, taskId: run.task_id }
         : null;
-    await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage: presentation === 'direct_message' }, run.history);
+    await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage: presentation === 'direct_message' }, run.history, auditInsert);
     return settle();
   });
 }

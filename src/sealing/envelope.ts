@@ -27,7 +27,7 @@
  * Every failure returns a reason and never any plaintext: callers cannot mistake a forged or moved
  * value for a real one.
  */
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { createCipheriv, createDecipheriv, randomFillSync } from 'node:crypto';
 import { MASTER_KEY_ID_BYTES, type MasterKey, type MasterKeyRing } from './master-key.js';
 
 export type SealContext = { table: string; column: string; rowId: string };
@@ -79,10 +79,33 @@ function wrapAad(keyId: string, ctx: SealContext): Buffer {
   return Buffer.from(`keel:v1:wrap|${keyId}|${ctx.table}|${ctx.column}|${ctx.rowId}`, 'utf8');
 }
 
+/**
+ * Fresh random bytes from a pool filled 4 KiB at a time (as crypto.randomUUID does): one call into
+ * the CSPRNG per ~73 sealed values instead of three per value, which cost ~5 µs each under load.
+ * Each slice is copied out and wiped in the pool: a view would be rewritten by the next refill
+ * (a data key changing between its wrap and its use, and its bytes handed out again later, as a
+ * public IV for instance). The caller zeroes a data key after use.
+ */
+const RANDOM_POOL_BYTES = 4096;
+const randomPool = Buffer.alloc(RANDOM_POOL_BYTES);
+let randomPoolAt = RANDOM_POOL_BYTES;
+
+function takeRandom(length: number): Buffer {
+  if (randomPoolAt + length > RANDOM_POOL_BYTES) {
+    randomFillSync(randomPool);
+    randomPoolAt = 0;
+  }
+  const slice = randomPool.subarray(randomPoolAt, randomPoolAt + length);
+  randomPoolAt += length;
+  const taken = Buffer.from(slice);
+  slice.fill(0);
+  return taken;
+}
+
 function gcmEncrypt(key: Buffer, aad: Buffer, plaintext: Buffer): { iv: Buffer; tag: Buffer; ciphertext: Buffer } {
   // Random 96-bit IVs: a data key is used once, and a master key wraps far fewer than the 2^32
   // values after which random IV collisions would become a concern.
-  const iv = randomBytes(IV_BYTES);
+  const iv = takeRandom(IV_BYTES);
   const cipher = createCipheriv('aes-256-gcm', key, iv, { authTagLength: TAG_BYTES });
   cipher.setAAD(aad);
   const ciphertext = Buffer.concat([cipher.update(plaintext), cipher.final()]);
@@ -142,7 +165,7 @@ function decryptData(dataKey: Buffer, ctx: SealContext, sealed: Buffer): Buffer 
 
 export function sealBytes(ring: MasterKeyRing, ctx: SealContext, plaintext: Buffer): Buffer {
   checkContext(ctx);
-  const dataKey = randomBytes(DATA_KEY_BYTES);
+  const dataKey = takeRandom(DATA_KEY_BYTES);
   try {
     const header = wrapDataKey(ring.active, ctx, dataKey);
     const data = gcmEncrypt(dataKey, dataAad(ctx), plaintext);

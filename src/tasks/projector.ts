@@ -4,7 +4,7 @@ import type { RunStatus } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
-import { recordDeliveries } from '../push/delivery-repository.js';
+import { recordDeliveriesFor } from '../push/delivery-repository.js';
 import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
 import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
 import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
@@ -34,6 +34,8 @@ const runState = z.object({
   termination_reason: z.string().nullable(),
   failure_detail: z.record(z.unknown()).nullable(),
 });
+
+const projectionWrite = z.object({ updated: z.number(), inserted: z.number(), notified: z.boolean(), push_configs: z.array(z.string()) });
 
 export type ProjectionResult = { taskId: string | null; events: number; revision: number; deliveryIds: string[] };
 
@@ -144,21 +146,47 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
       }
     }
 
-    let deliveryIds: string[] = [];
-    if (events.length > 0) {
-      const rows = events.map((event, index) => {
-        const sequence = task.last_sequence + index + 1;
-        return [task.id, sequence, runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(task.id, sequence), event.response).toString('base64')] as const;
-      });
-      await transaction.query(sql.unsafe`
+    // One statement writes the journal rows and the watermark, queues the NOTIFY (delivered at
+    // commit) and reads the task's push configs (after the task-row lock, as a statement of its
+    // own did): four round trips became one. The push outbox follows only when there are configs.
+    const lastSequence = task.last_sequence + events.length;
+    const rows = events.map((event, index) => {
+      const sequence = task.last_sequence + index + 1;
+      return [task.id, sequence, runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(task.id, sequence), event.response).toString('base64')] as const;
+    });
+    const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
+    const written = await transaction.one(sql.type(projectionWrite)`
+      WITH ${
+        rows.length > 0
+          ? sql.fragment`journal AS (
         INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
         SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
         FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
-          AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`);
+          AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+        RETURNING 1),`
+          : sql.fragment``
+      } watermark AS (
+        UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
+        WHERE id = ${task.id} RETURNING 1)
+      SELECT
+        (SELECT count(*) FROM watermark)::int AS updated,
+        ${rows.length > 0 ? sql.fragment`(SELECT count(*) FROM journal)::int` : sql.fragment`0`} AS inserted,
+        ${rows.length > 0 ? sql.fragment`pg_notify(${JOURNAL_CHANNEL}, ${journalNotice(task.id, lastSequence, ends)}) IS NOT NULL` : sql.fragment`false`} AS notified,
+        ${
+          rows.length > 0
+            ? sql.fragment`ARRAY(SELECT id FROM push_configs WHERE task_id = ${task.id} AND deleted_at IS NULL AND state IN ('active', 'paused') ORDER BY id)`
+            : sql.fragment`ARRAY[]::text[]`
+        } AS push_configs`);
+    if (written.updated !== 1 || written.inserted !== rows.length) {
+      throw new Error(`projection of run ${runId}: wrote ${written.inserted} of ${rows.length} events and ${written.updated} watermarks`);
+    }
+    let deliveryIds: string[] = [];
+    if (written.push_configs.length > 0) {
       // The push outbox, in the same transaction as the events it delivers.
-      deliveryIds = await recordDeliveries(
+      deliveryIds = await recordDeliveriesFor(
         transaction,
         task.id,
+        written.push_configs,
         events.map((event, index) => ({
           sequence: task.last_sequence + index + 1,
           terminal: event.state !== null && isTerminalState(event.state),
@@ -167,12 +195,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         })),
         options.push,
       );
-      const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
-      await transaction.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${journalNotice(task.id, task.last_sequence + events.length, ends)})`);
     }
-    await transaction.query(sql.unsafe`
-      UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${task.last_sequence + events.length}, projected_state = ${state}
-      WHERE id = ${task.id}`);
     return { taskId: task.id, events: events.length, revision: run.revision, deliveryIds };
   }
 }

@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods } from 'slonik';
+import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import { applyLevel } from '../privacy/apply-level.js';
@@ -175,6 +175,8 @@ export async function writeTaskResult(
   result: TaskResult,
   /** The task's sealed history as read under the lock the caller holds. */
   sealedHistory: Buffer | null,
+  /** A data-modifying statement (an INSERT) to run in the same statement, as a CTE. */
+  alongside: FragmentSqlToken | null = null,
 ): Promise<void> {
   const artifacts = keepAtLevel(level, result.artifacts);
   const status = result.statusMessage ? keepAtLevel(level, result.statusMessage) : undefined;
@@ -183,6 +185,7 @@ export async function writeTaskResult(
     ? sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', sealedHistory, []), result.statusMessage])
     : null;
   await db.query(sql.unsafe`
+    ${alongside === null ? sql.fragment`` : sql.fragment`WITH alongside AS (${alongside})`}
     UPDATE a2a_tasks SET
       artifacts = ${artifacts === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts))},
       status_message = ${status === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), status))},

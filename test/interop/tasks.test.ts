@@ -71,6 +71,16 @@ const count = async (table: string, where = sql.fragment`true`) =>
   keel.context.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM ${sql.identifier([table])} WHERE ${where}`);
 
 describe('a completed task keeps its result', () => {
+  it('with its audit trail written by the completion (ASCII and non-ASCII answers alike)', async () => {
+    const client = await sdkClient(keel.url, 'echo', token);
+    for (const text of ['audit me', 'audité 😀']) {
+      const task = (await client.sendMessage(textMessage(text))) as { id: string };
+      const kinds = await keel.context.pool.anyFirst(sql.type(z.object({ kind: z.string() }))`
+        SELECT kind FROM run_events WHERE run_id = ${task.id} ORDER BY sequence`);
+      expect(kinds).toEqual(['claimed', 'model_reply', 'completed']);
+    }
+  });
+
   it('through a later turn, a history prune and a restart', async () => {
     const client = await sdkClient(keel.url, 'echo', token);
     const first = (await client.sendMessage(textMessage('first'))) as { id: string; contextId: string; artifacts: Array<{ parts: unknown[] }> };

@@ -226,3 +226,48 @@ describe('rewrapSealed', () => {
     expect(rewrapSealed(ringOf(newKey, oldKey), ctx, Buffer.alloc(10))).toEqual({ ok: false, reason: 'malformed' });
   });
 });
+
+describe('fresh randomness for every sealed value', () => {
+  // The data keys and IVs come from a pool of random bytes refilled every few dozen values: a key
+  // must never change between its wrap and its use, and no byte handed out once may be handed out
+  // again (a data key's bytes reappearing as a later, public, IV would give the value away).
+  it('unwraps to a distinct data key per value, none of whose bytes appear in any IV, across many pool refills', async () => {
+    const { createDecipheriv } = await import('node:crypto');
+    const { MASTER_KEY_ID_BYTES } = await import('../../../src/sealing/master-key.js');
+    const master = generateMasterKey();
+    const ring = ringOf(master);
+    const old = generateMasterKey();
+    const retired = ringOf(old);
+    const rotating = ringOf(master, old);
+    const wrapIvAt = 1 + MASTER_KEY_ID_BYTES;
+    const wrappedAt = wrapIvAt + 12;
+    const wrapTagAt = wrappedAt + 32;
+    const dataIvAt = wrapTagAt + 16;
+    const keys: string[] = [];
+    const ivs: string[] = [];
+    for (let index = 0; index < 400; index += 1) {
+      // A rewrap draws one IV: it shifts where in the pool the refills fall (between a data key
+      // and the IVs of its own seal, sometimes), as key rotation does in a running process.
+      if (index % 5 === 4) expect(rewrapSealed(rotating, ctx, sealBytes(retired, ctx, Buffer.from('shift')))).toMatchObject({ ok: true, changed: true });
+      const rowCtx = { ...ctx, rowId: `row-${index}` };
+      const plaintext = Buffer.from(`value ${index}`);
+      const sealed = sealBytes(ring, rowCtx, plaintext);
+      const decipher = createDecipheriv('aes-256-gcm', master.key, sealed.subarray(wrapIvAt, wrappedAt), { authTagLength: 16 });
+      decipher.setAAD(Buffer.from(`keel:v1:wrap|${master.id}|${rowCtx.table}|${rowCtx.column}|${rowCtx.rowId}`, 'utf8'));
+      decipher.setAuthTag(sealed.subarray(wrapTagAt, wrapTagAt + 16));
+      const dataKey = Buffer.concat([decipher.update(sealed.subarray(wrappedAt, wrapTagAt)), decipher.final()]);
+      // The unwrapped key is the key the value was encrypted with.
+      const data = createDecipheriv('aes-256-gcm', dataKey, sealed.subarray(dataIvAt, dataIvAt + 12), { authTagLength: 16 });
+      data.setAAD(Buffer.from(`keel:v1|${rowCtx.table}|${rowCtx.column}|${rowCtx.rowId}`, 'utf8'));
+      data.setAuthTag(sealed.subarray(dataIvAt + 12, dataIvAt + 28));
+      expect(Buffer.concat([data.update(sealed.subarray(SEALED_HEADER_BYTES)), data.final()]).equals(plaintext)).toBe(true);
+      keys.push(dataKey.toString('hex'));
+      ivs.push(sealed.subarray(wrapIvAt, wrappedAt).toString('hex'), sealed.subarray(dataIvAt, dataIvAt + 12).toString('hex'));
+    }
+    expect(new Set(keys).size).toBe(keys.length);
+    expect(new Set(ivs).size).toBe(ivs.length);
+    // No 8-byte run of any data key shows up in any IV.
+    const ivText = ivs.join('|');
+    for (const key of keys) for (let at = 0; at + 16 <= key.length; at += 2) expect(ivText.includes(key.slice(at, at + 16))).toBe(false);
+  });
+});
