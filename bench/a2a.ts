@@ -1,6 +1,6 @@
-import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { spawn, execFile, execFileSync, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { setMaxListeners } from 'node:events';
 import { createServer } from 'node:net';
 import { cpus, platform, arch, tmpdir, totalmem } from 'node:os';
@@ -58,6 +58,23 @@ import { ADMIN_URL, fmt, percentile, withBenchDatabase } from './support.js';
 //                          that every backend has reported its commits (11; 0: no commits/req column)
 //   KEEL_BENCH_ADMIN_URL   the machine's Postgres admin URL (bench/support.ts); its version and
 //                          settings are the private cluster's model
+//   BENCH_CPU              1: CPU milliseconds per completed task over the measured window, per
+//                          process taking part (Linux only, utime+stime from /proc): the server
+//                          processes summed per role (`sdk server`; `keel`, or `keel api` and
+//                          `keel worker` in the split topology), the bench database's Postgres
+//                          backends (`postgres`: the pids pg_stat_activity shows on it, followed
+//                          through the window), on the private cluster its own processes too
+//                          (`postgres bg`: postmaster, WAL writer, checkpointer, ...), Redis on the
+//                          Redis queue (`redis`: the whole redis-server at BENCH_REDIS_URL's port,
+//                          shared with anything else using it), and the load generator (this
+//                          process). A column in the table (the total), a breakdown below it, a
+//                          line after each measurement, and `cpu` in the JSON. Off (0) by default
+//   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
+//                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
+//   BENCH_LOG_STATEMENTS   1: ALTER DATABASE <bench database> SET log_statement = 'all' when it is
+//                          created (every target's statements in the server log; slows the server).
+//                          Meant with BENCH_POSTGRES=machine: the private cluster logs to a pipe of
+//                          the bench's that keeps only its last lines
 // Any other KEEL_* variable in the environment reaches every Keel process (KEEL_RUNS_CONCURRENCY,
 // say); the bench sets the database, master key, ports, data directory, auth mode, queue and log
 // level itself.
@@ -97,7 +114,15 @@ type Measurement = {
   commitsPerRequest?: number;
   /** The most backends connected to the bench database during the measurement (database targets). */
   peakBackends?: number;
+  /** BENCH_CPU=1: CPU time of each group of processes over (about) the measured window. */
+  cpu?: CpuFigures;
 };
+
+/**
+ * CPU milliseconds (utime+stime) each group of processes used over `spanMs` (the measured window,
+ * give or take the few ms its two samples took), and the tasks completed in that same span.
+ */
+type CpuFigures = { spanMs: number; tasks: number; ms: Record<string, number> };
 
 type DatabaseWork = { requests: number; commits: number; rollbacks: number; rowsWritten: number; statements?: number };
 
@@ -151,6 +176,10 @@ if (postgresKind.length !== 1) fail('BENCH_POSTGRES: expected one of private, ma
 const usePrivatePostgres = postgresKind[0] === 'private';
 const privateMaxConnections = positiveNumber('BENCH_PG_MAX_CONNECTIONS', 500);
 const settleSeconds = nonNegativeNumber('BENCH_PG_SETTLE_SECONDS', 11);
+const cpuEnabled = flag('BENCH_CPU');
+if (cpuEnabled && platform() !== 'linux') fail('BENCH_CPU: reads /proc, so Linux only');
+const keelNodeArgs = (process.env.BENCH_KEEL_NODE_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
+const logStatements = flag('BENCH_LOG_STATEMENTS');
 /** The server the bench databases are created on: the machine's, or the private cluster once started. */
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
@@ -177,6 +206,12 @@ function positiveNumber(name: string, fallback: number): number {
   const value = Number(process.env[name] ?? fallback);
   if (!Number.isFinite(value) || value <= 0) fail(`${name}: expected a positive number`);
   return value;
+}
+
+function flag(name: string): boolean {
+  const value = (process.env[name] ?? '0').trim();
+  if (value !== '0' && value !== '1' && value !== '') fail(`${name}: expected 1 or 0`);
+  return value === '1';
 }
 
 function nonNegativeNumber(name: string, fallback: number): number {
@@ -487,8 +522,11 @@ async function sendOne(pool: Pool, path: string, headers: Record<string, string>
   }
 }
 
-/** What the load needs to know of a target: where to send, with which headers, and its database (if any) to watch. */
-type LoadTarget = { origins: string[]; path: string; headers: Record<string, string>; databaseName?: string };
+/**
+ * What the load needs to know of a target: where to send, with which headers, its database (if any)
+ * to watch, and (BENCH_CPU) the pids of its processes by group ('keel api': [...], redis: [...]).
+ */
+type LoadTarget = { origins: string[]; path: string; headers: Record<string, string>; databaseName?: string; processes?: Record<string, number[]> };
 
 async function measure(target: LoadTarget, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
   // Client i talks to origin i mod n, over a connection of its own: one pool per origin with as many
@@ -508,6 +546,13 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       }),
   );
   const probe = target.databaseName ? await DatabaseProbe.open(target.databaseName) : null;
+  // BENCH_CPU: the span is the measured window; its tasks, the successes completed in the span.
+  const successTimes: number[] = [];
+  const meter =
+    cpuEnabled && target.processes
+      ? new CpuMeter(target.processes, probe, (from, to) => successTimes.filter((at) => at >= from && at <= to).length)
+      : null;
+  const cpuTimers: NodeJS.Timeout[] = [];
   const begin = performance.now();
   // The measured window opens after the warm-up, and not before every client has had its first
   // answer: at high concurrency the first wave (all clients at once, cold caches, a queue backlog)
@@ -521,6 +566,10 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
     if (windowStart !== Number.POSITIVE_INFINITY) return;
     windowStart = at;
     windowEnd = at + seconds * 1000;
+    if (meter) {
+      cpuTimers.push(setTimeout(() => meter.start(), Math.max(0, windowStart - performance.now())));
+      cpuTimers.push(setTimeout(() => void meter.stop().catch(() => undefined), Math.max(0, windowEnd - performance.now())));
+    }
   };
   const cap = setTimeout(() => openWindow(performance.now()), warmupSeconds * 1000 + MAX_WARMUP_EXTENSION_MS);
   const latencies: number[] = [];
@@ -542,6 +591,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
         firstAnswers += 1;
         if (firstAnswers === concurrency) openWindow(Math.max(finished, warmupEnd));
       }
+      if (meter && error === null) successTimes.push(finished);
       // A request counts in the window it completes in; the warm-up and the drain after the
       // window are load, not measurement.
       if (finished < windowStart || finished > windowEnd) continue;
@@ -568,12 +618,22 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
     peakQueued = Math.max(peakQueued, queued);
     peakConnections = Math.max(peakConnections, connected);
     probe?.sampleBackends();
+    meter?.poll();
   }, 250);
+  let cpu: CpuFigures | undefined;
   try {
     await Promise.all(Array.from({ length: concurrency }, (_, index) => client(index)));
+    // Closed at the window's end already, unless the last answers beat the timer to it.
+    if (meter && !interrupted.signal.aborted) {
+      cpu = await meter.stop().catch((error: Error) => {
+        process.stderr.write(` (BENCH_CPU: no figures: ${error.message})`);
+        return undefined;
+      });
+    }
   } finally {
     clearInterval(sampler);
     clearTimeout(cap);
+    for (const timer of cpuTimers) clearTimeout(timer);
     await Promise.all(pools.map((pool) => pool.close().catch(() => undefined)));
     await probe?.close();
   }
@@ -597,6 +657,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       peakQueued,
       peakConnections,
       ...(probe ? { peakBackends: probe.peakBackends } : {}),
+      ...(cpu ? { cpu } : {}),
     },
   };
 }
@@ -624,6 +685,10 @@ async function runLoad(result: TargetResult, target: LoadTarget): Promise<number
     ].filter((item) => item !== null);
     if (measurement.warmupSeconds > warmupSeconds + 0.05) extra.push(`warm-up ${fmt(measurement.warmupSeconds)} s, until every client's first answer`);
     process.stderr.write(` ${fmt(measurement.tasksPerSecond)} tasks/s, ${measurement.errors} errors (${extra.join(', ')})\n`);
+    if (measurement.cpu) {
+      const cpu = measurement.cpu;
+      process.stderr.write(`    CPU ms/task: ${cpuText(cpuPerTask(cpu))}; ${cpu.tasks} tasks in ${fmt(cpu.spanMs / 1000, 2)} s\n`);
+    }
   }
   return requests;
 }
@@ -708,6 +773,8 @@ async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>): Promise<
       name = databaseName(url);
       liveDatabases.add(name);
       guard({ kind: 'database', name, adminUrl: server });
+      // Before anything connects to it: the setting applies to sessions started after it.
+      if (logStatements) await withAdmin((client) => client.query(`ALTER DATABASE ${name} SET log_statement = 'all'`));
       return fn(url);
     }, server);
   } finally {
@@ -749,9 +816,189 @@ class DatabaseProbe {
       });
   }
 
+  /**
+   * BENCH_CPU: the bench database's backends (`postgres`: client backends, autovacuum workers) and,
+   * on the private cluster, its own processes (`postgres bg`: the postmaster and the background
+   * processes, which pg_stat_activity lists without a database). Not the bench's admin connections.
+   */
+  async cpuPids(): Promise<Record<string, number[]>> {
+    const { rows } = await this.client.query<{ pid: number; background: boolean }>(
+      'SELECT pid, datname IS NULL AS background FROM pg_stat_activity WHERE datname = $1 OR ($2 AND datname IS NULL)',
+      [this.name, privatePostgres !== null],
+    );
+    const groups: Record<string, number[]> = { postgres: rows.filter((row) => !row.background).map((row) => row.pid) };
+    if (privatePostgres) groups['postgres bg'] = [privatePostgres.pid, ...rows.filter((row) => row.background).map((row) => row.pid)];
+    return groups;
+  }
+
   async close(): Promise<void> {
     await this.client.end().catch(() => undefined);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU per task (BENCH_CPU=1): utime+stime of every process taking part, from /proc.
+
+/** Clock ticks per second of /proc/<pid>/stat (USER_HZ). */
+const clockTicks = (() => {
+  if (!cpuEnabled) return 100;
+  try {
+    const value = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+    return Number.isInteger(value) && value > 0 ? value : 100;
+  } catch {
+    return 100;
+  }
+})();
+
+/** The order groups are printed in. */
+const CPU_GROUPS = ['sdk server', 'keel', 'keel api', 'keel worker', 'postgres', 'postgres bg', 'redis', 'load generator'];
+
+/** utime+stime of a process (all its threads) and when it started, both in clock ticks (the latter since boot); null once it is gone. */
+function procStat(pid: number): { ticks: number; startTicks: number } | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it (field 3 at index 0).
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return { ticks: Number(fields[11]) + Number(fields[12]), startTicks: Number(fields[19]) };
+  } catch {
+    return null;
+  }
+}
+
+function uptimeTicks(): number {
+  return Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]) * clockTicks;
+}
+
+/** The redis-server processes of BENCH_REDIS_URL's port on this machine, by their command line ("redis-server 127.0.0.1:6379"). */
+function redisPids(): number[] {
+  const port = new URL(redisUrl).port || '6379';
+  const pids: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8').replaceAll('\0', ' ');
+      if (/^\S*redis-server\s/.test(cmdline) && cmdline.includes(`:${port}`)) pids.push(Number(entry));
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return pids;
+}
+
+/**
+ * The CPU time of groups of processes over a span: fixed pids (the servers, Redis), the database's
+ * (asked of pg_stat_activity at the start, every poll and the end: a backend that connects during
+ * the span counts from its start, one that leaves with what it had used when last seen), and this
+ * process (the load generator, process.cpuUsage()).
+ */
+class CpuMeter {
+  private readonly pids = new Map<number, { group: string; base: number; last: number }>();
+  private readonly groupNames = new Set<string>();
+  private running = false;
+  private polling = false;
+  private bootTicksAtStart = 0;
+  private startedAt = 0;
+  private ownBase: NodeJS.CpuUsage | undefined;
+  private started: Promise<void> | undefined;
+  private stopped: Promise<CpuFigures> | undefined;
+
+  constructor(
+    private readonly fixed: Record<string, number[]>,
+    private readonly probe: DatabaseProbe | null,
+    /** Tasks completed between two performance.now() instants. */
+    private readonly tasksBetween: (from: number, to: number) => number,
+  ) {}
+
+  /** Opens the span (once). */
+  start(): void {
+    if (this.started) return;
+    this.started = (async () => {
+      const groups = await this.groups();
+      this.bootTicksAtStart = uptimeTicks();
+      this.track(groups);
+      this.ownBase = process.cpuUsage();
+      this.startedAt = performance.now();
+      this.running = true;
+    })();
+    // Awaited by stop(); a failure surfaces there.
+    this.started.catch(() => undefined);
+  }
+
+  /** Between start and stop: picks up backends that connected since, and the last figures of all. */
+  poll(): void {
+    if (!this.running || this.polling) return;
+    this.polling = true;
+    this.groups()
+      .then((groups) => this.running && this.track(groups))
+      .catch(() => undefined)
+      .finally(() => (this.polling = false));
+  }
+
+  /** Closes the span (once); its figures. */
+  stop(): Promise<CpuFigures> {
+    this.start();
+    this.stopped ??= (async () => {
+      await this.started;
+      const groups = await this.groups();
+      this.track(groups);
+      // One more look at those no longer listed (a backend that left keeps its last figure).
+      for (const [pid, item] of this.pids) {
+        const stat = procStat(pid);
+        if (stat) item.last = stat.ticks;
+      }
+      const own = process.cpuUsage(this.ownBase);
+      const endedAt = performance.now();
+      this.running = false;
+      const ms: Record<string, number> = {};
+      for (const name of this.groupNames) ms[name] = 0;
+      for (const item of this.pids.values()) ms[item.group] = (ms[item.group] ?? 0) + ((item.last - item.base) * 1000) / clockTicks;
+      ms['load generator'] = (own.user + own.system) / 1000;
+      const ordered = Object.fromEntries(Object.entries(ms).sort(([a], [b]) => cpuGroupRank(a) - cpuGroupRank(b)));
+      return { spanMs: endedAt - this.startedAt, tasks: this.tasksBetween(this.startedAt, endedAt), ms: ordered };
+    })();
+    return this.stopped;
+  }
+
+  private async groups(): Promise<Record<string, number[]>> {
+    return { ...this.fixed, ...(this.probe ? await this.probe.cpuPids() : {}) };
+  }
+
+  private track(groups: Record<string, number[]>): void {
+    for (const [group, pids] of Object.entries(groups)) {
+      this.groupNames.add(group);
+      for (const pid of pids) {
+        const stat = procStat(pid);
+        if (!stat) continue;
+        const known = this.pids.get(pid);
+        if (known) known.last = stat.ticks;
+        // Seen first after the start: a process started since counts from zero.
+        else this.pids.set(pid, { group, base: this.running && stat.startTicks >= this.bootTicksAtStart ? 0 : stat.ticks, last: stat.ticks });
+      }
+    }
+  }
+}
+
+function cpuGroupRank(name: string): number {
+  const index = CPU_GROUPS.indexOf(name);
+  return index === -1 ? CPU_GROUPS.length : index;
+}
+
+type CpuPerTask = { msPerTask: Record<string, number>; total: number; coresBusy: number };
+
+/** Per completed task (NaN without one), and how many cores all of it kept busy on average. */
+function cpuPerTask(cpu: CpuFigures): CpuPerTask {
+  const per = (value: number) => (cpu.tasks > 0 ? value / cpu.tasks : Number.NaN);
+  const totalMs = Object.values(cpu.ms).reduce((sum, value) => sum + value, 0);
+  return {
+    msPerTask: Object.fromEntries(Object.entries(cpu.ms).map(([name, value]) => [name, per(value)])),
+    total: per(totalMs),
+    coresBusy: cpu.spanMs > 0 ? totalMs / cpu.spanMs : Number.NaN,
+  };
+}
+
+function cpuText(cpu: CpuPerTask): string {
+  const parts = Object.entries(cpu.msPerTask).map(([name, value]) => `${name} ${ms(value, 2)}`);
+  return `${parts.join(', ')}; total ${ms(cpu.total, 2)} (${fmt(cpu.coresBusy, 2)} of ${cpus().length} cores busy)`;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -782,10 +1029,14 @@ async function sdkStatements(origin: string): Promise<number> {
   return ((await response.json()) as { statements: number }).statements;
 }
 
+function sdkProcesses(child: ManagedChild): Record<string, number[]> {
+  return { 'sdk server': child.process.pid === undefined ? [] : [child.process.pid] };
+}
+
 async function benchSdkMemory(result: TargetResult): Promise<void> {
   const { child, origin } = await startSdkServer('memory');
   try {
-    await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS });
+    await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, processes: sdkProcesses(child) });
   } finally {
     await child.stop();
   }
@@ -803,7 +1054,7 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
       const statementsBefore = await sdkStatements(origin);
-      requests = await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, databaseName: databaseName(databaseUrl) });
+      requests = await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, databaseName: databaseName(databaseUrl), processes: sdkProcesses(child) });
       statements = (await sdkStatements(origin)) - statementsBefore;
     } finally {
       await child.stop();
@@ -864,7 +1115,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         const port = ports[index]!;
         const origin = `http://127.0.0.1:${port}`;
         const name = topology === 'single' ? 'Keel' : `Keel --role ${role} :${port}`;
-        const child = new ManagedChild(name, process.execPath, [keelBin, 'start', '--role', role], { env: { ...env, KEEL_SERVER_PORT: String(port) } });
+        const child = new ManagedChild(name, process.execPath, [...keelNodeArgs, keelBin, 'start', '--role', role], { env: { ...env, KEEL_SERVER_PORT: String(port) } });
         nodes.push({ role, port, origin, child });
         await waitUntilReady(child, `${origin}/readyz`, 90_000);
         return { role, port, readyMs: Date.now() - startedAt };
@@ -889,7 +1140,27 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       }
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
-      requests = await runLoad(result, { origins: apis.map((api) => api.origin), path: '/a2a/echo', headers, databaseName: databaseName(databaseUrl) });
+      let processes: Record<string, number[]> | undefined;
+      if (cpuEnabled) {
+        // Summed per role: `keel` (single), or `keel api` and `keel worker` (split).
+        processes = {};
+        for (const node of nodes) {
+          const group = node.role === 'all' ? 'keel' : `keel ${node.role}`;
+          if (node.child.process.pid !== undefined) (processes[group] ??= []).push(node.child.process.pid);
+        }
+        if (queue === 'redis') {
+          const redis = redisPids();
+          if (redis.length > 0) processes.redis = redis;
+          else if (currentRound === 1) result.notes.push(`BENCH_CPU: no redis-server of ${redisUrl} found on this machine; Redis's CPU is not counted`);
+        }
+      }
+      requests = await runLoad(result, {
+        origins: apis.map((api) => api.origin),
+        path: '/a2a/echo',
+        headers,
+        databaseName: databaseName(databaseUrl),
+        ...(processes ? { processes } : {}),
+      });
       const erred = result.measurements.some((m) => m.round === currentRound && m.errors > 0);
       for (const node of nodes) {
         // A process that died, or the last words of each when requests failed (its warnings and errors).
@@ -1001,6 +1272,8 @@ type Summary = {
   peakInFlight: number;
   peakQueued: number;
   peakConnections: number;
+  /** BENCH_CPU: per group, the total and the cores busy, each the median over the rounds. */
+  cpu?: CpuPerTask;
 };
 
 function median(values: number[]): number {
@@ -1016,6 +1289,16 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
   const rates = runs.map((m) => m.tasksPerSecond);
   const commits = runs.flatMap((m) => (m.commitsPerRequest === undefined ? [] : [m.commitsPerRequest]));
   const backends = runs.flatMap((m) => (m.peakBackends === undefined ? [] : [m.peakBackends]));
+  const cpuRuns = runs.flatMap((m) => (m.cpu ? [cpuPerTask(m.cpu)] : []));
+  let cpu: CpuPerTask | undefined;
+  if (cpuRuns.length > 0) {
+    const names = [...new Set(cpuRuns.flatMap((run) => Object.keys(run.msPerTask)))].sort((a, b) => cpuGroupRank(a) - cpuGroupRank(b));
+    cpu = {
+      msPerTask: Object.fromEntries(names.map((name) => [name, median(cpuRuns.flatMap((run) => (name in run.msPerTask ? [run.msPerTask[name]!] : [])))])),
+      total: median(cpuRuns.map((run) => run.total)),
+      coresBusy: median(cpuRuns.map((run) => run.coresBusy)),
+    };
+  }
   return {
     tasksPerSecond: median(rates),
     min: Math.min(...rates),
@@ -1029,6 +1312,7 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
     peakInFlight: Math.max(...runs.map((m) => m.peakInFlight)),
     peakQueued: Math.max(...runs.map((m) => m.peakQueued)),
     peakConnections: Math.min(...runs.map((m) => m.peakConnections)),
+    ...(cpu ? { cpu } : {}),
   };
 }
 
@@ -1104,6 +1388,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
 
   const all = rows(results);
   const header = ['conc', 'target', 'topology', 'queue', 'tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem', 'commits/req'];
+  if (cpuEnabled) header.push('CPU ms/task');
   if (rounds > 1) header.push('range');
   const body: string[][] = [];
   for (const concurrency of concurrencies) {
@@ -1125,6 +1410,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
         row.ratioSdkMemory === undefined ? '-' : `${fmt(row.ratioSdkMemory, 2)}×`,
         m.commitsPerRequest === undefined ? '-' : fmt(m.commitsPerRequest, 2),
       ];
+      if (cpuEnabled) cells.push(m.cpu ? ms(m.cpu.total, 2) : '-');
       if (rounds > 1) cells.push(`${fmt(m.min)}–${fmt(m.max)}`);
       body.push(cells);
     }
@@ -1135,6 +1421,18 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   if (settleSeconds > 0) {
     lines.push('commits/req: pg_stat_database.xact_commit of the bench database over the whole phase at that concurrency (warm-up, window, drain,');
     lines.push(`  ${settleSeconds} s idle until every backend has reported) ÷ the requests sent in it; every committed transaction: reads, queue polling, sweeps too`);
+  }
+  const withCpu = all.filter((row) => row.summary?.cpu);
+  if (withCpu.length > 0) {
+    lines.push('');
+    lines.push(
+      `CPU ms/task: CPU time (utime+stime, /proc) over the measured window ÷ the tasks completed in it${rounds > 1 ? ', medians over the rounds' : ''}; per process group: ` +
+        'servers summed per role, postgres = the bench database\'s backends, postgres bg = the private cluster\'s own processes,',
+    );
+    lines.push('  redis = the whole redis-server (shared with anything else using it), load generator = this process');
+    const labels = withCpu.map((row) => `${row.concurrency}  ${row.target} ${row.topology}${row.queue ? ` (${row.queue} queue)` : ''}`);
+    const width = Math.max(...labels.map((label) => label.length));
+    withCpu.forEach((row, index) => lines.push(`  ${labels[index]!.padEnd(width)}  ${cpuText(row.summary!.cpu!)}`));
   }
 
   // Each client has a connection of its own: fewer connections than clients, or a request queued for
@@ -1207,8 +1505,8 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   console.log(lines.join('\n'));
 }
 
-function ms(value: number): string {
-  return Number.isNaN(value) ? '-' : fmt(value);
+function ms(value: number, digits = 1): string {
+  return Number.isNaN(value) ? '-' : fmt(value, digits);
 }
 
 function firstLine(text: string): string {
@@ -1218,12 +1516,25 @@ function firstLine(text: string): string {
 /** Every figure, for docs: the summary rows and the raw measurements. */
 function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<string, unknown> {
   const round2 = (value: number | undefined) => (value === undefined || Number.isNaN(value) ? null : Math.round(value * 100) / 100);
+  const round3 = (value: number | undefined) => (value === undefined || Number.isNaN(value) ? null : Math.round(value * 1000) / 1000);
   return {
     bench: 'a2a',
     date: new Date().toISOString(),
     machine: { cores: cpus().length, cpu: cpus()[0]?.model.trim(), memoryGiB: round2(totalmem() / 2 ** 30), node: process.version, postgres: postgres.version },
     postgres,
-    load: { warmupSeconds, seconds, rounds, concurrencies, topologies, keelQueues, keelAuth: keelAuthMode, sdkPoolSize },
+    load: {
+      warmupSeconds,
+      seconds,
+      rounds,
+      concurrencies,
+      topologies,
+      keelQueues,
+      keelAuth: keelAuthMode,
+      sdkPoolSize,
+      cpu: cpuEnabled,
+      ...(keelNodeArgs.length > 0 ? { keelNodeArgs } : {}),
+      ...(logStatements ? { logStatements } : {}),
+    },
     rows: rows(results).map((row) => ({
       target: row.target,
       topology: row.topology,
@@ -1240,6 +1551,13 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
             ratioSdkPostgres: round2(row.ratioSdkPostgres),
             ratioSdkMemory: round2(row.ratioSdkMemory),
             commitsPerRequest: round2(row.summary.commitsPerRequest),
+            ...(row.summary.cpu
+              ? {
+                  cpuMsPerTask: Object.fromEntries(Object.entries(row.summary.cpu.msPerTask).map(([name, value]) => [name, round3(value)])),
+                  cpuMsPerTaskTotal: round3(row.summary.cpu.total),
+                  cpuCoresBusy: round2(row.summary.cpu.coresBusy),
+                }
+              : {}),
             peakDatabaseConnections: row.summary.peakBackends ?? null,
             peakInFlight: row.summary.peakInFlight,
             peakQueuedClientSide: row.summary.peakQueued,
@@ -1266,7 +1584,22 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
           }
         : {}),
       ...(result.startups.length > 0 ? { startups: result.startups } : {}),
-      measurements: result.measurements.map((m) => ({ ...m, p50: round2(m.p50), p99: round2(m.p99), commitsPerRequest: round2(m.commitsPerRequest) })),
+      measurements: result.measurements.map((m) => ({
+        ...m,
+        p50: round2(m.p50),
+        p99: round2(m.p99),
+        commitsPerRequest: round2(m.commitsPerRequest),
+        ...(m.cpu
+          ? {
+              cpu: {
+                spanMs: round2(m.cpu.spanMs),
+                tasks: m.cpu.tasks,
+                ms: Object.fromEntries(Object.entries(m.cpu.ms).map(([name, value]) => [name, round2(value)])),
+                msPerTask: Object.fromEntries(Object.entries(cpuPerTask(m.cpu).msPerTask).map(([name, value]) => [name, round3(value)])),
+              },
+            }
+          : {}),
+      })),
     })),
   };
 }
@@ -1319,6 +1652,10 @@ async function measureAll(): Promise<number> {
         `("too many clients" errors, for other users of the server too); BENCH_POSTGRES=private avoids it`,
     );
   }
+  if (logStatements && postgres.kind === 'private') {
+    console.error(`bench:a2a: BENCH_LOG_STATEMENTS: the private cluster logs to a pipe of the bench's that keeps only its last lines; for the statements, BENCH_POSTGRES=machine`);
+  }
+  if (keelNodeArgs.length > 0 && targetKinds.includes('keel')) console.error(`bench:a2a: keel start processes run with node ${keelNodeArgs.join(' ')}`);
   const plans = plan();
   const results = plans.map((item) => item.result);
   for (currentRound = 1; currentRound <= rounds && !interrupted.signal.aborted; currentRound += 1) {
