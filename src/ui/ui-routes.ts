@@ -315,15 +315,17 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
 
   scope.get<{ Params: { id: string } }>('/runs/:id', async (request, reply) => {
     const id = request.params.id.toLowerCase();
-    const run = UUID.test(id) ? await getRun(pool, id) : null;
+    // The version first: whatever changes after it is read makes the page reload, so the page
+    // never keeps showing a state older than the version it polls against.
+    const version = UUID.test(id) ? await runVersion(pool, id) : null;
+    const run = version !== null ? await getRun(pool, id) : null;
     if (!run) return sendPage(request, reply, { title: 'Not found', nav: 'runs' }, errorContent('Not found', 'No such run (it may have been purged).'), 404);
     const task = run.task_id ? await taskOfRun(pool, run.task_id) : null;
-    const [events, journal, deliveries, taskRuns, version] = await Promise.all([
+    const [events, journal, deliveries, taskRuns] = await Promise.all([
       listRunEvents(pool, run.id),
       task ? journalOutline(pool, task.id) : Promise.resolve([]),
       task ? deliveriesOfTask(pool, task.id) : Promise.resolve([]),
       task ? runsOfTask(pool, task.id) : Promise.resolve([]),
-      runVersion(pool, run.id),
     ]);
     let pending: PendingView | null = null;
     if (run.status === 'waiting_for_approval' || run.status === 'waiting_for_input') {
@@ -385,10 +387,11 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
 
   scope.get<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId', async (request, reply) => {
     const { taskId, configId } = request.params;
+    // The version first, as for a run page.
+    const version = UUID.test(taskId) ? await pushConfigVersion(pool, taskId, configId) : null;
     const found = UUID.test(taskId) ? await findPushConfigs(pool, `${taskId}/${configId}`) : [];
     if (found.length !== 1) return sendPage(request, reply, { title: 'Not found', nav: 'push' }, errorContent('Not found', 'No such push config.'), 404);
     const { deliveries, attempts } = await deliveriesOfConfig(pool, taskId, configId);
-    const version = await pushConfigVersion(pool, taskId, configId);
     return sendPage(
       request,
       reply,
