@@ -8,6 +8,9 @@ export default defineConfig({
     hookTimeout: 120_000,
     teardownTimeout: 30_000,
     fileParallelism: true,
+    // Two test files at a time on a 2-core machine (vitest's default would be one): most files
+    // spend their time waiting on child processes, databases and timers, not on the CPU.
+    maxWorkers: 2,
     reporters: ['default'],
   },
 });
