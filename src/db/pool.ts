@@ -12,6 +12,8 @@ import {
   type DatabasePool,
 } from 'slonik';
 import { z } from 'zod';
+import { withDeadline, type Probe } from '../health/probe.js';
+import { createCrashSafeDriverFactory } from './crash-safe-driver.js';
 
 export type { DatabasePool };
 
@@ -28,6 +30,7 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
     withName.searchParams.set('application_name', options.applicationName);
   }
   return createPool(withName.toString(), {
+    driverFactory: createCrashSafeDriverFactory(),
     maximumPoolSize: options.maximumPoolSize ?? 20,
     idleTimeout: 30_000,
     statementTimeout: 60_000,
@@ -47,12 +50,19 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
 }
 
 /** Answers whether the database is reachable (for /readyz and doctor). */
-export async function pingDatabase(pool: DatabasePool): Promise<boolean> {
-  try {
-    return (await pool.oneFirst(sql.type(z.object({ ok: z.number() }))`SELECT 1 AS ok`)) === 1;
-  } catch {
-    return false;
-  }
+export async function pingDatabase(pool: DatabasePool, timeoutMs = 2000): Promise<boolean> {
+  return (await probeDatabase(pool, timeoutMs)).ok;
+}
+
+/**
+ * A readiness probe that answers within `timeoutMs` whatever the database does: a server in crash
+ * recovery refuses connections at once, but a checkout can also wait behind a full pool or a
+ * half-open socket, and /readyz must still answer and say why.
+ */
+export async function probeDatabase(pool: DatabasePool, timeoutMs: number): Promise<Probe> {
+  return withDeadline(timeoutMs, `no answer from the database within ${timeoutMs} ms`, async () => {
+    await pool.oneFirst(sql.type(z.object({ ok: z.number() }))`SELECT 1 AS ok`);
+  });
 }
 
 /** SQLSTATEs of a lost or refused connection: class 08, and the server shutting down or starting up. */

@@ -1,7 +1,9 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import type { Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 
-export type ReadinessCheck = () => Promise<{ database: boolean; queue: boolean }>;
+/** Each probe answers within its own deadline, so /readyz answers even when a dependency does not. */
+export type ReadinessCheck = () => Promise<{ database: Probe; queue: Probe }>;
 
 export type HttpServerOptions = {
   logger: KeelLogger;
@@ -11,7 +13,8 @@ export type HttpServerOptions = {
 
 /**
  * The Fastify server of a Keel process. `/healthz` says the process is alive; `/readyz` says it can
- * do work now: 200 only when both the database and the queue backend answer.
+ * do work now: 200 only when both the database and the queue backend answer, else 503 with the
+ * reason of each failing probe.
  */
 export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
   const app = Fastify({
@@ -27,11 +30,15 @@ export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
 
   app.get('/readyz', async (_request, reply) => {
     const checks = await options.readiness();
-    const ready = checks.database && checks.queue;
+    const ready = checks.database.ok && checks.queue.ok;
+    const reasons: Record<string, string> = {};
+    if (!checks.database.ok) reasons.database = checks.database.reason;
+    if (!checks.queue.ok) reasons.queue = checks.queue.reason;
     return reply.code(ready ? 200 : 503).send({
       status: ready ? 'ready' : 'not_ready',
-      database: checks.database ? 'ok' : 'unavailable',
-      queue: checks.queue ? 'ok' : 'unavailable',
+      database: checks.database.ok ? 'ok' : 'unavailable',
+      queue: checks.queue.ok ? 'ok' : 'unavailable',
+      ...(ready ? {} : { reasons }),
     });
   });
 

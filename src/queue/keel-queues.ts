@@ -1,4 +1,5 @@
 import { Queue, Worker, createPostgresBackend, type Job, type JobsOptions, type Processor } from 'bullmq';
+import { withDeadline, type Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 import { QUEUE_NAMES, type QueueName } from './queue-names.js';
 
@@ -129,16 +130,12 @@ export class KeelQueues {
   }
 
   async ping(): Promise<boolean> {
-    try {
-      const queue = this.queue('maintenance');
-      await Promise.race([
-        queue.getJobCounts('waiting'),
-        new Promise((_, reject) => setTimeout(() => reject(new Error('queue ping timed out')), 3000)),
-      ]);
-      return true;
-    } catch {
-      return false;
-    }
+    return (await this.probe(3000)).ok;
+  }
+
+  /** Whether the queue backend answers within `timeoutMs`, and if not, why. */
+  async probe(timeoutMs: number): Promise<Probe> {
+    return withDeadline(timeoutMs, `no answer from the queue backend within ${timeoutMs} ms`, () => this.queue('maintenance').getJobCounts('waiting'));
   }
 
   async waitUntilReady(): Promise<void> {

@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import type { KeelConfig } from '../config/load-config.js';
 import { migrate } from '../db/migrate.js';
-import { pingDatabase } from '../db/pool.js';
+import { probeDatabase } from '../db/pool.js';
 import { buildHttpServer } from '../http/http-server.js';
 import type { KeelLogger } from '../log/logger.js';
 import { KeelQueues, type QueueBackend } from '../queue/keel-queues.js';
@@ -31,6 +31,8 @@ import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
 const CLAIM_COALESCE_MS = 40;
+/** /readyz answers within this bound (both probes run at once) even when a dependency hangs. */
+const READINESS_TIMEOUT_MS = 2000;
 
 export type KeelInstance = {
   role: 'all' | 'api' | 'worker';
@@ -175,8 +177,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     logger,
     bodyLimitBytes: config.server.bodyLimitBytes,
     readiness: async () => {
-      const [databaseOk, queueOk] = await Promise.all([pingDatabase(database.pool), queues.ping()]);
-      return { database: databaseOk, queue: queueOk };
+      const [databaseProbe, queueProbe] = await Promise.all([probeDatabase(database.pool, READINESS_TIMEOUT_MS), queues.probe(READINESS_TIMEOUT_MS)]);
+      return { database: databaseProbe, queue: queueProbe };
     },
   });
   cleanup.push(() => http.close());

