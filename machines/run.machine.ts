@@ -58,6 +58,8 @@ export type RunEvent =
   | { type: 'SUSPEND_FOR_INPUT' }
   | { type: 'SUSPEND_FOR_DEPENDENCY' }
   | { type: 'APPROVAL_DECIDED' }
+  /** Nobody decided within `runs.approvalTimeoutHours`: the run ends FAILED (`approval_denied`). */
+  | { type: 'APPROVAL_TIMED_OUT' }
   | { type: 'INPUT_RECEIVED' }
   | { type: 'DEPENDENCY_RESOLVED' }
   | { type: 'COMPLETE'; reason: TerminationReason }
@@ -103,7 +105,7 @@ export const runMachine = setup({
     },
     waiting_for_approval: {
       description: 'A turn waits for an operator decision',
-      on: { APPROVAL_DECIDED: 'running', FAIL: fail, CANCEL: cancel },
+      on: { APPROVAL_DECIDED: 'running', APPROVAL_TIMED_OUT: 'failed', FAIL: fail, CANCEL: cancel },
     },
     waiting_for_input: {
       description: 'A tool asked the user for typed input',

@@ -2,6 +2,7 @@ import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
+import { timeOutApprovals } from '../src/runs/approval-timeout.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
@@ -136,13 +137,14 @@ export function createMaintenanceProcessor(context: KeelContext) {
     switch (job.name) {
       case SWEEP_JOB: {
         const reaped = await reapExpiredLeases(context, policy);
+        const approvalsTimedOut = await timeOutApprovals(context, context.config.runs.approvalTimeoutHours);
         const swept = await sweepDebts(context);
         const projections = await sweepProjectionDebts(context);
         // Pending deliveries whose job is missing (a flushed Redis, a lost wake-up): wake each config's head.
         const deliveries = await wakePendingHeads(context);
         const dependencies = await pollDependencies(context);
         const countDeltas = await foldTaskCountDeltas(context.pool);
-        return { ...reaped, ...swept, projections, deliveries, dependencies, countDeltas };
+        return { ...reaped, approvalsTimedOut, ...swept, projections, deliveries, dependencies, countDeltas };
       }
       case PURGE_JOB: {
         const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);

@@ -1,6 +1,7 @@
 import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
+import { PUSH_AUTH_SCHEME } from '../src/a2a/wire.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import { describeRefusal } from '../src/net/guarded-fetch.js';
 import {
@@ -13,18 +14,17 @@ import {
   transitionDelivery,
   type DeliveryRow,
 } from '../src/push/delivery-repository.js';
+import type { DeliveryOptions } from '../src/push/delivery-options.js';
 import { pushConfigContext } from '../src/push/push-config-repository.js';
 import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/runtime/keel-context.js';
-import { readJournal } from '../src/tasks/journal.js';
+import { readJournalEventToSend } from '../src/tasks/journal.js';
 
 // The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
 // or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait),
 // check the deadline, the target (address guard) and load the credential. Then one POST of the bare
 // StreamResponse, classified; every attempt is a row. The next delivery of the config is woken
 // when this one ends.
-
-export type DeliveryOptions = { timeoutMs: number; maxAttempts: number; retryBaseMs: number; retryMaxMs: number };
 
 export type AttemptOutcome =
   | { kind: 'delivered' }
@@ -34,6 +34,9 @@ export type AttemptOutcome =
   | { kind: 'stopped' };
 
 const RETRY_STATUSES = new Set([429, 502, 503, 504]);
+
+/** Whether a stored scheme is the one Keel sends (schemes are case-insensitive, RFC 7235; none stored means Bearer). */
+const isPushAuthScheme = (scheme: string | null) => scheme === null || scheme.toLowerCase() === PUSH_AUTH_SCHEME.toLowerCase();
 
 /** Backoff before retry n (1-based): min(base × 2^(n-1), max), with full jitter in its upper half. */
 export function retryDelayMs(options: DeliveryOptions, attempt: number, retryAfterMs?: number): number {
@@ -84,10 +87,14 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
       return 'skipped';
     }
-    const [event] = await readJournal(pool, sealer, delivery.task_id, delivery.event_sequence - 1, 1);
-    if (!event || event.sequence !== delivery.event_sequence) {
-      await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
-      return { kind: 'dead' };
+    if (delivery.credentials && !isPushAuthScheme(delivery.auth_scheme)) {
+      // A config stored before only Bearer was accepted: its credential was meant for another
+      // scheme and is never sent, under that scheme or as a Bearer token. Final, like any stop.
+      const reason = `authentication scheme ${JSON.stringify(delivery.auth_scheme)} is not supported: only ${PUSH_AUTH_SCHEME} is sent`;
+      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', reason);
+      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, `config stopped: ${reason}`);
+      log.warn({ reason: 'unsupported_auth_scheme' }, 'push config names an unsupported authentication scheme; config stopped');
+      return { kind: 'stopped' };
     }
     let credentials: string | null = null;
     if (delivery.credentials) {
@@ -99,12 +106,25 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       credentials = opened.value;
     }
 
-    // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
-    const number = await beginAttempt(pool, delivery.id, 2 * options.timeoutMs + 1000);
-    if (number === null) return 'skipped';
+    // The event is read and the attempt counted in one transaction that holds the journal row: a
+    // tightened answer ceiling rewrites the row under a row lock (docs/push.md), so an attempt
+    // either began before the tightening committed or sends the rewritten row.
+    const begun = await pool.transaction(async (transaction) => {
+      const event = await readJournalEventToSend(transaction, sealer, delivery.task_id, delivery.event_sequence);
+      if (!event) return 'gone' as const;
+      // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
+      const number = await beginAttempt(transaction, delivery.id, 2 * options.timeoutMs + 1000);
+      return number === null ? ('not_due' as const) : { event, number };
+    });
+    if (begun === 'gone') {
+      await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
+      return { kind: 'dead' };
+    }
+    if (begun === 'not_due') return 'skipped';
+    const { event, number } = begun;
     const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
-    // Only Authorization, from the config's authentication; the config's `token` is never sent.
-    if (credentials !== null) headers.authorization = `${delivery.auth_scheme ?? 'Bearer'} ${credentials}`;
+    // Only `Authorization: Bearer`, from the config's authentication; the config's `token` is never sent.
+    if (credentials !== null) headers.authorization = `${PUSH_AUTH_SCHEME} ${credentials}`;
     const startedAt = Date.now();
     const result = await fetch({ url: delivery.url, method: 'POST', headers, body: JSON.stringify(event.response), timeoutMs: options.timeoutMs, maxResponseBytes: 64 * 1024 });
     const durationMs = Date.now() - startedAt;

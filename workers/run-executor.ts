@@ -19,7 +19,7 @@ import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import { compareLevels, type PrivacyLevel } from '../src/privacy/privacy-level.js';
 import { answerIsRetainable, tightenCeilings } from '../src/privacy/resolve-ceilings.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
-import { scrubTaskContent, tightenTaskContent, writeTaskStatusMessage } from '../src/tasks/task-repository.js';
+import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun } from '../src/runs/complete-run.js';
@@ -253,8 +253,10 @@ export function createRunExecutor(
         } else if (compareLevels(next.answerLevel, current.answerLevel) < 0) {
           await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
           if (run!.task_id) {
-            await scrubTaskJournal(transaction, sealer, run!.task_id, next.answerLevel);
+            // The task row first, as the projector locks it before it writes the journal: a
+            // projection in flight commits before the journal is read for the scrub.
             await tightenTaskContent(transaction, sealer, run!.task_id, next.answerLevel);
+            await scrubTaskJournal(transaction, sealer, run!.task_id, next.answerLevel);
           }
         }
         await transaction.query(sql.unsafe`
@@ -506,7 +508,14 @@ export function createRunExecutor(
             // expires and the reaper requeues it (settling it as failed could not be written anyway).
             if (isConnectionError(error)) throw error;
             runLog.error({ err: error }, 'the result could not be stored; failing the run');
-            return settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
+            const failed = await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
+            if (failed.settled) {
+              // The trail rode in the rolled-back transaction: what the run did is kept, not that it completed.
+              audit.restoreTaken((event) => event.kind !== 'completed');
+              audit.record({ kind: 'failed', meta: { reason: 'not_retryable', detail: 'result_not_stored' } });
+              await audit.flush(pool);
+            }
+            return failed;
           });
           afterCommit(runId);
           if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
@@ -528,7 +537,10 @@ export function createRunExecutor(
           return { kind: 'settled', status: 'failed', reason: result.reason };
         }
         case 'suspend': {
-          audit.record({
+          // What the turn did is stored now; the suspension's own event only with the suspension, so
+          // the timeline never shows a wait that was not stored (`keel runs show` offers it for a decision).
+          await audit.flush(pool);
+          const suspendedEvent = {
             kind: 'suspended',
             meta: {
               status: result.status,
@@ -540,14 +552,17 @@ export function createRunExecutor(
                 : {}),
               ...(state.pendingInput ? { tool: state.pendingInput.toolName } : {}),
             },
-          });
-          await audit.flush(pool);
+          };
           try {
             const suspended = await pool.transaction(async (transaction) => {
               const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals);
-              // The INPUT_REQUIRED prompt is the task's status message while it waits.
+              if (row) {
+                audit.record(suspendedEvent);
+                await audit.flushWithin(transaction);
+              }
+              // The INPUT_REQUIRED prompt is the task's status message while it waits, and part of its history.
               if (row?.task_id && state.pendingInput) {
-                await writeTaskStatusMessage(transaction, sealer, row.task_id, row.answer_level, {
+                await recordAgentStatusMessage(transaction, sealer, row.task_id, row.answer_level, {
                   messageId: `${row.task_id}-input-${row.revision}`,
                   role: 'ROLE_AGENT',
                   parts: [{ text: state.pendingInput.prompt }],
@@ -565,7 +580,12 @@ export function createRunExecutor(
             // A suspension that cannot be stored fails the run rather than promise a decision.
             runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
             const reason = result.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';
-            await settleRun(pool, logger, runId, { status: 'failed', reason, workerId, totals, failureDetail: { reason: 'suspension_not_stored', status: result.status } });
+            const failed = await settleRun(pool, logger, runId, { status: 'failed', reason, workerId, totals, failureDetail: { reason: 'suspension_not_stored', status: result.status } });
+            if (failed.settled) {
+              audit.restoreTaken((event) => event.kind !== 'suspended');
+              audit.record({ kind: 'failed', meta: { reason, detail: 'suspension_not_stored', status: result.status } });
+              await audit.flush(pool);
+            }
             afterCommit(runId);
             return { kind: 'settled', status: 'failed', reason };
           }

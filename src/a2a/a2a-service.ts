@@ -11,12 +11,11 @@ import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun, createRun, insertRunStatement } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
-import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig } from '../push/push-config-repository.js';
+import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
 import { readJournal } from '../tasks/journal.js';
 import { JournalWait, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/projector.js';
 import {
-  appendTaskHistory,
   contextTranscript,
   createTaskInNewContext,
   ensureContext,
@@ -25,8 +24,8 @@ import {
   isUuid,
   listTaskRows,
   openSealed,
+  recordClientReply,
   taskView,
-  writeTaskStatusMessage,
   type TaskRow,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
@@ -75,6 +74,9 @@ export type SendResult = { task: Task } | { message: Message };
 export type StreamItem = { id: number; response: StreamResponse };
 
 type PushConfigInput = { id?: string | undefined; url: string; token?: string | undefined; authentication?: { scheme: string; credentials?: string | undefined } | undefined };
+
+const duplicatePushConfigId = (id: string) =>
+  `a push notification config with id ${id} exists for this task; configs are not updated: delete it and create a new one with another id`;
 
 const PAGE_TOKEN_VERSION = 1;
 
@@ -251,10 +253,23 @@ export class A2AService {
     if (row.state !== 'TASK_STATE_INPUT_REQUIRED') {
       return fail(A2AErrors.unsupportedOperation(`task ${taskId} is ${row.state}, not waiting for input`, { metadata: { taskId, state: row.state } }));
     }
+    // A config id the task has is refused before the input is handed over (configs are not updated).
+    if (pushInput?.id !== undefined && (await pushConfigIdTaken(this.deps.pool, taskId, pushInput.id))) {
+      return fail(invalidParams([{ path: ['configuration', 'taskPushNotificationConfig', 'id'], message: duplicatePushConfigId(pushInput.id) }]));
+    }
     const data = message.parts.find((part) => part.data !== undefined)?.data;
     const value = data !== undefined ? data : messageText(message);
+    const stored = this.storedMessage(message, taskId, row.context_id);
     beforeWork?.(taskId);
-    const provided = await provideRunInput(this.deps, row.run_id, value, { messageId: message.messageId });
+    // The reply joins the history, the prompt is cleared and the push config is created in the
+    // transaction that hands the run over: all before any worker can take the run, so nothing of
+    // the follow-up lands after (and over) what the worker then writes.
+    const provided = await provideRunInput(this.deps, row.run_id, value, { messageId: message.messageId }, async (transaction, claimed) => {
+      await recordClientReply(transaction, this.deps.sealer, taskId, claimed.answer_level, stored);
+      if (!pushInput) return true;
+      // An id taken since the check above (a concurrent CreateTaskPushNotificationConfig) declines the hand-off.
+      return (await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId })).ok;
+    });
     if (!provided.ok) {
       switch (provided.reason) {
         case 'invalid_input':
@@ -264,16 +279,12 @@ export class A2AService {
         case 'not_waiting':
         case 'already_decided':
           return fail(A2AErrors.unsupportedOperation(`task ${taskId} is no longer waiting for input`, { metadata: { taskId } }));
+        case 'declined':
+          return fail(invalidParams([{ path: ['configuration', 'taskPushNotificationConfig', 'id'], message: duplicatePushConfigId(pushInput?.id ?? '') }]));
         case 'unreadable':
           return fail(A2AErrors.internal('the waiting task could not be read'));
       }
     }
-    const stored = this.storedMessage(message, taskId, row.context_id);
-    await this.deps.pool.transaction(async (transaction) => {
-      await appendTaskHistory(transaction, this.deps.sealer, row, [stored]);
-      await writeTaskStatusMessage(transaction, this.deps.sealer, taskId, row.answer_level as never, null);
-      if (pushInput) await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId });
-    });
     this.deps.projector.wake(row.run_id);
     return ok({ taskId, afterSequence: row.last_sequence });
   }
@@ -412,7 +423,7 @@ export class A2AService {
     if (refused) return fail(refused);
     const created = await createPushConfig(this.deps.pool, this.deps.sealer, { ...input, owner: caller.clientId });
     if (!created.ok) {
-      return fail(invalidParams([{ path: ['id'], message: `a push notification config with id ${input.id} exists for this task; configs are not updated: delete it and create a new one` }]));
+      return fail(invalidParams([{ path: ['id'], message: duplicatePushConfigId(input.id ?? '') }]));
     }
     return ok(maskedPushConfig(created.row));
   }

@@ -97,7 +97,21 @@ export const messageSchema = z.object({
 export type WireMessage = z.infer<typeof messageSchema>;
 
 // Push configs are stored with text columns (id, url, scheme, the hints of token and credentials).
-export const authenticationSchema = z.object({ scheme: storable().min(1).max(64), credentials: storable().max(8192).optional() });
+// Keel sends a push credential only as `Authorization: Bearer <credentials>` (docs/push.md), so a
+// config naming another scheme is refused here, before anything is stored. Auth schemes are
+// case-insensitive (RFC 7235, section 2.1): `bearer` is accepted and stored as `Bearer`.
+export const PUSH_AUTH_SCHEME = 'Bearer';
+export const authenticationSchema = z.object({
+  scheme: storable()
+    .min(1)
+    .max(64)
+    .refine(
+      (scheme) => scheme.toLowerCase() === PUSH_AUTH_SCHEME.toLowerCase(),
+      (scheme) => ({ message: `only the ${PUSH_AUTH_SCHEME} scheme is supported for push notifications, not ${JSON.stringify(scheme)}` }),
+    )
+    .transform(() => PUSH_AUTH_SCHEME),
+  credentials: storable().max(8192).optional(),
+});
 
 export const pushConfigInputSchema = z.object({
   id: storable().min(1).max(256).optional(),

@@ -70,10 +70,17 @@ const a2aSchema = z
   })
   .strict();
 
+// The push timeout stays within the 10-30 s the A2A specification gives a sender, and a retried
+// delivery gets at most 8 attempts (docs/push.md). Tests that need shorter timings use the
+// test-only knobs of src/push/delivery-options.ts, never these keys.
 const pushSchema = z
   .object({
-    timeoutSeconds: z.number().positive().max(300).default(15),
-    maxAttempts: z.number().int().min(1).max(100).default(8),
+    timeoutSeconds: z
+      .number()
+      .min(10, 'must be between 10 and 30 seconds (the A2A push timeout)')
+      .max(30, 'must be between 10 and 30 seconds (the A2A push timeout)')
+      .default(15),
+    maxAttempts: z.number().int().min(1, 'must be between 1 and 8').max(8, 'must be between 1 and 8').default(8),
     deadlineHours: z.number().positive().max(24 * 30).default(24),
     retryBaseSeconds: z.number().min(0).max(3600).default(2),
     retryMaxSeconds: z.number().min(0).max(86_400).default(300),
@@ -223,6 +230,8 @@ const runsSchema = z
     providerAttempts: z.number().int().min(1).max(10).default(2),
     providerBackoffMs: z.number().int().min(0).max(60_000).default(500),
     shutdownGraceSeconds: z.number().min(0).max(3600).default(10),
+    /** A run waiting this long for an approval nobody gave ends FAILED (`approval_denied`); fractions allowed. */
+    approvalTimeoutHours: z.number().positive().max(24 * 365).default(72),
   })
   .strict();
 

@@ -30,6 +30,12 @@ export async function recordDeliveries(
   return recordDeliveriesFor(db, taskId, configs, events, limits);
 }
 
+/**
+ * `push.deadlineHours` as an interval. In seconds: make_interval takes whole hours only, and a
+ * fractional `deadlineHours` (which the config allows) failed every projection with push configs.
+ */
+const deadlineInterval = (hours: number) => sql.interval({ seconds: hours * 3600 });
+
 /** recordDeliveries for configs the caller has read already (active or paused, in id order). */
 export async function recordDeliveriesFor(
   db: CommonQueryMethods,
@@ -44,7 +50,7 @@ export async function recordDeliveriesFor(
   );
   await db.query(sql.unsafe`
     INSERT INTO push_deliveries (id, task_id, config_id, event_sequence, terminal, coalescible, deadline)
-    SELECT id, task_id, config_id, event_sequence, terminal, coalescible, now() + ${sql.interval({ hours: limits.deadlineHours })}
+    SELECT id, task_id, config_id, event_sequence, terminal, coalescible, now() + ${deadlineInterval(limits.deadlineHours)}
     FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'uuid', 'text', 'int4', 'bool', 'bool'])}
       AS t(id, task_id, config_id, event_sequence, terminal, coalescible)
     ON CONFLICT (task_id, config_id, event_sequence) DO NOTHING`);

@@ -23,6 +23,8 @@ export const dependencyRow = z.object({
   state: z.enum(['pending', 'waiting', 'resolved', 'failed']),
   remote_task_id: z.string().nullable(),
   remote_context_id: z.string().nullable(),
+  /** The messageId of the message sent to the remote, recorded before the send (null before migration 0011). */
+  message_id: z.string().nullable(),
   outcome: z.string().nullable(),
   polls: z.number(),
   next_poll_at: z.number(),
@@ -33,7 +35,7 @@ export type DependencyRow = z.infer<typeof dependencyRow>;
 
 const hashCredential = (credential: string) => createHash('sha256').update(credential).digest();
 
-export type NewDependency = { runId: string; toolCallId: string; toolName: string; remoteAgent: string };
+export type NewDependency = { runId: string; toolCallId: string; toolName: string; remoteAgent: string; messageId: string };
 
 /** A pending dependency (and, for a remote that takes push, its registration with a fresh callback credential). */
 export async function createDependency(
@@ -43,9 +45,9 @@ export async function createDependency(
   const dependencyId = randomUUID();
   const state = input.remoteTaskId ? to('ACKNOWLEDGED') : 'pending';
   await db.query(sql.unsafe`
-    INSERT INTO dependencies (id, run_id, tool_call_id, tool_name, remote_agent, state, remote_task_id, remote_context_id)
+    INSERT INTO dependencies (id, run_id, tool_call_id, tool_name, remote_agent, state, remote_task_id, remote_context_id, message_id)
     VALUES (${dependencyId}, ${input.runId}, ${input.toolCallId}, ${input.toolName}, ${input.remoteAgent}, ${state},
-      ${input.remoteTaskId ?? null}, ${input.remoteContextId ?? null})
+      ${input.remoteTaskId ?? null}, ${input.remoteContextId ?? null}, ${input.messageId})
     ON CONFLICT (run_id, tool_call_id) DO NOTHING`);
   if (!input.withRegistration) return { dependencyId, registration: null };
   return { dependencyId, registration: await createRegistration(db, dependencyId) };
@@ -112,6 +114,22 @@ export async function markCallbacksProcessed(db: CommonQueryMethods, dependencyI
       RETURNING id
     )
     SELECT (count(*) - (SELECT count(*) FROM marked))::int AS later FROM mine`);
+}
+
+const callbackRow = z.object({ id: z.string(), body: z.instanceof(Buffer) });
+
+/** The dependency's unprocessed callbacks (bodies sealed), newest first; at most `limit`. */
+export async function unprocessedCallbacks(db: CommonQueryMethods, dependencyId: string, limit: number): Promise<ReadonlyArray<z.infer<typeof callbackRow>>> {
+  return db.any(sql.type(callbackRow)`
+    SELECT c.id, c.body FROM inbox_callbacks c JOIN inbox_registrations g ON g.id = c.registration_id
+    WHERE g.dependency_id = ${dependencyId} AND c.processed_at IS NULL
+    ORDER BY c.received_at DESC, c.id LIMIT ${limit}`);
+}
+
+/** Marks the given callbacks processed (answered by a reconcile that acted on them or refused them). */
+export async function markCallbacksProcessedById(db: CommonQueryMethods, ids: readonly string[]): Promise<void> {
+  if (ids.length === 0) return;
+  await db.query(sql.unsafe`UPDATE inbox_callbacks SET processed_at = now() WHERE id = ANY(${sql.array(ids, 'uuid')}) AND processed_at IS NULL`);
 }
 
 /** The database's clock now, as text that keeps its microseconds (compared with received_at). */

@@ -6,9 +6,22 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
-import { acknowledgeDependency, callbackBodyContext, databaseNow, dependencyResult, getDependency, markCallbacksProcessed, resolveDependency, schedulePoll, type DependencyRow } from './dependency-repository.js';
-import type { RemoteAgents } from './remote-agents.js';
-import { judgeRemoteTask, type SdkTask } from './remote-task.js';
+import { TaskNotFoundError } from '@a2a-js/sdk/errors';
+import {
+  acknowledgeDependency,
+  callbackBodyContext,
+  databaseNow,
+  dependencyResult,
+  getDependency,
+  markCallbacksProcessed,
+  markCallbacksProcessedById,
+  resolveDependency,
+  schedulePoll,
+  unprocessedCallbacks,
+  type DependencyRow,
+} from './dependency-repository.js';
+import type { RemoteAgent, RemoteAgents } from './remote-agents.js';
+import { createdByMessage, judgeRemoteTask, type SdkTask } from './remote-task.js';
 import { randomBytes } from 'node:crypto';
 
 // Reconciliation: the callback body decides nothing. Keel asks the remote for the task (GetTask,
@@ -38,10 +51,11 @@ export async function reconcileDependency(
     await markCallbacksProcessed(context.pool, dependencyId);
     return (await resumeIfWaiting(context, dependency)) ? dependency.state : 'already_done';
   }
-  if (dependency.state === 'pending' || !dependency.remote_task_id) dependency = (await adoptRemoteTask(context, dependency)) ?? dependency;
+  if (dependency.state === 'pending' || !dependency.remote_task_id) dependency = (await adoptRemoteTask(context, remotes, dependency)) ?? dependency;
   if (dependency.state === 'pending' || !dependency.remote_task_id) {
     // A callback before the remote task id is known is kept; it is reconciled once the id is
-    // stored. A message never acknowledged (the sender crashed mid-send) fails after a while.
+    // stored or proven by GetTask. A message never acknowledged (the sender crashed mid-send, or
+    // no callback named a task proven ours) fails after a while.
     const giveUpMs = context.config ? context.config.inbox.unacknowledgedGiveUpSeconds * 1000 : PENDING_GIVE_UP_MS;
     if (Date.now() - dependency.created_at > giveUpMs) {
       await resolveDependency(context.pool, context.sealer, dependencyId, 'FAILED', 'not_acknowledged', JSON.stringify({ state: 'failed', message: 'the remote agent never acknowledged the message' }));
@@ -89,28 +103,84 @@ export async function reconcileDependency(
   return verdict.kind;
 }
 
-const callbackRow = z.object({ id: z.string(), body: z.instanceof(Buffer) });
+/** At most this many distinct candidate task ids are asked about per reconcile; the rest wait for the next. */
+const CANDIDATES_PER_RECONCILE = 5;
+
+/** The task id a callback body names: a candidate to ask the remote about, never adopted as such. */
+export function namedTaskId(body: unknown): string | null {
+  if (typeof body !== 'object' || body === null) return null;
+  const { task, statusUpdate, artifactUpdate, message } = body as Record<string, { id?: unknown; taskId?: unknown } | undefined>;
+  const taskId = task?.id ?? statusUpdate?.taskId ?? artifactUpdate?.taskId ?? message?.taskId;
+  return typeof taskId === 'string' && taskId !== '' ? taskId : null;
+}
+
+type CandidateAnswer = { kind: 'ours'; task: SdkTask } | { kind: 'not_ours'; reason: 'task_not_found' | 'not_created_by_our_message' } | { kind: 'unreachable'; error: unknown };
+
+/** GetTask on a candidate as the agent's own client, with the whole history (where our message is). */
+async function askAboutCandidate(remote: RemoteAgent, taskId: string, messageId: string): Promise<CandidateAnswer> {
+  try {
+    const task = (await remote.client.getTask(GetTaskRequest.fromJSON({ id: taskId }))) as SdkTask;
+    return createdByMessage(task, taskId, messageId) ? { kind: 'ours', task } : { kind: 'not_ours', reason: 'not_created_by_our_message' };
+  } catch (error) {
+    if (error instanceof TaskNotFoundError) return { kind: 'not_ours', reason: 'task_not_found' };
+    return { kind: 'unreachable', error };
+  }
+}
 
 /**
  * A sender that died after its message went out never stored the remote task id, and the run
- * retried after it waits on the same pending dependency. The remote's callbacks reach this
- * dependency's own registration, whose credential went out only in that message: the task they
- * name is the one it created. Its id is adopted (a guarded pending → waiting, as the sender would
- * have); its state still comes from GetTask, never from the callback.
+ * retried after it waits on the same pending dependency. Callbacks to its registration may name a
+ * task, but the body decides nothing (a valid callback credential says who may call, not which
+ * task is ours): each id named is only a candidate, asked about with GetTask as the agent's own
+ * client, and adopted (the guarded pending → waiting the sender would have written, with the ids
+ * from GetTask's answer) only when that task's history holds the messageId recorded with the
+ * dependency before the send. Callbacks whose candidate the remote does not know, or knows as a
+ * task our message did not create, are marked processed and change nothing; while the remote
+ * cannot be asked they stay. A dependency never proven this way fails by the give-up rule
+ * (docs/client-role.md, docs/decisions/0015-adopt-a-remote-task-only-by-its-message-id.md).
  */
-async function adoptRemoteTask(context: Pick<KeelContext, 'pool' | 'sealer'>, dependency: DependencyRow): Promise<DependencyRow | null> {
-  const callback = await context.pool.maybeOne(sql.type(callbackRow)`
-    SELECT c.id, c.body FROM inbox_callbacks c JOIN inbox_registrations r ON r.id = c.registration_id
-    WHERE r.dependency_id = ${dependency.id} ORDER BY c.received_at DESC LIMIT 1`);
-  if (!callback) return null;
-  const opened = context.sealer.openJson<Record<string, { id?: unknown; taskId?: unknown; contextId?: unknown } | undefined>>(callbackBodyContext(callback.id), callback.body);
-  if (!opened.ok) return null;
-  const { task, statusUpdate, artifactUpdate } = opened.value;
-  const taskId = task?.id ?? statusUpdate?.taskId ?? artifactUpdate?.taskId;
-  const contextId = task?.contextId ?? statusUpdate?.contextId ?? artifactUpdate?.contextId;
-  if (typeof taskId !== 'string' || taskId === '') return null;
-  await acknowledgeDependency(context.pool, dependency.id, taskId, typeof contextId === 'string' ? contextId : null);
-  return getDependency(context.pool, dependency.id);
+async function adoptRemoteTask(
+  context: Pick<KeelContext, 'pool' | 'sealer' | 'logger'> & { config?: Pick<KeelContext['config'], 'inbox'> },
+  remotes: RemoteAgents,
+  dependency: DependencyRow,
+): Promise<DependencyRow | null> {
+  if (!dependency.message_id) return null;
+  const rows = await unprocessedCallbacks(context.pool, dependency.id, context.config?.inbox.maxPendingPerRegistration ?? 100);
+  if (rows.length === 0) return null;
+  // A body naming no task has nothing to ask about: it stays, like any callback of a dependency
+  // not yet known, until the dependency is resolved or gives up.
+  const candidates = new Map<string, string[]>();
+  for (const row of rows) {
+    const opened = context.sealer.openJson<unknown>(callbackBodyContext(row.id), row.body);
+    const taskId = opened.ok ? namedTaskId(opened.value) : null;
+    if (taskId !== null) candidates.set(taskId, [...(candidates.get(taskId) ?? []), row.id]);
+  }
+  if (candidates.size === 0) return null;
+  const refused: string[] = [];
+  try {
+    const lookup = await remotes.get(dependency.remote_agent);
+    if (!lookup.ok) return null;
+    for (const [taskId, callbackIds] of [...candidates].slice(0, CANDIDATES_PER_RECONCILE)) {
+      const answer = await askAboutCandidate(lookup.remote, taskId, dependency.message_id);
+      if (answer.kind === 'unreachable') {
+        context.logger.warn({ err: answer.error, dependencyId: dependency.id }, 'GetTask on the remote failed; the task a callback named is asked about later');
+        return null;
+      }
+      if (answer.kind === 'not_ours') {
+        context.logger.warn(
+          { dependencyId: dependency.id, callbackIds, reason: answer.reason },
+          'a callback named a remote task this dependency’s message did not create; not adopted',
+        );
+        refused.push(...callbackIds);
+        continue;
+      }
+      await acknowledgeDependency(context.pool, dependency.id, answer.task.id, answer.task.contextId || null);
+      return getDependency(context.pool, dependency.id);
+    }
+    return null;
+  } finally {
+    await markCallbacksProcessedById(context.pool, refused);
+  }
 }
 
 /**

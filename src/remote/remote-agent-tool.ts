@@ -69,7 +69,16 @@ export function createRemoteAgentTool(config: KeelConfig, bind: () => RemoteTool
       let createdId: string | null = null;
       try {
         if (embedded) {
-          const created = await createDependency(pool, { runId: context.runId, toolCallId: context.toolCallId, toolName: 'remote_agent', remoteAgent: agentId, withRegistration: true });
+          // The messageId is recorded with the pending dependency before the send: if this process
+          // dies before storing the remote task id, it is what proves which remote task is ours.
+          const created = await createDependency(pool, {
+            runId: context.runId,
+            toolCallId: context.toolCallId,
+            toolName: 'remote_agent',
+            remoteAgent: agentId,
+            messageId,
+            withRegistration: true,
+          });
           createdId = created.dependencyId;
           const task = await send(created.registration!);
           return settleFirstAnswer(created.dependencyId, task);
@@ -81,6 +90,7 @@ export function createRemoteAgentTool(config: KeelConfig, bind: () => RemoteTool
           toolCallId: context.toolCallId,
           toolName: 'remote_agent',
           remoteAgent: agentId,
+          messageId,
           remoteTaskId: task.id,
           remoteContextId: task.contextId,
           withRegistration: false,

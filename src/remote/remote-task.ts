@@ -4,7 +4,16 @@
 export const REMOTE_DONE = { 3: 'completed', 4: 'failed', 5: 'canceled', 6: 'input_required', 7: 'rejected', 8: 'auth_required' } as const;
 
 type SdkPart = { content?: { $case: string; value: unknown } };
-type SdkTask = { id: string; contextId: string; status?: { state: number; message?: { parts?: SdkPart[] } }; artifacts?: Array<{ name?: string; parts?: SdkPart[] }> };
+type SdkTask = {
+  id: string;
+  contextId: string;
+  status?: { state: number; message?: { parts?: SdkPart[] } };
+  artifacts?: Array<{ name?: string; parts?: SdkPart[] }>;
+  history?: Array<{ messageId?: string; role?: number }>;
+};
+
+/** The SDK's Role.ROLE_USER (proto number). */
+const ROLE_USER = 1;
 
 export type RemoteVerdict =
   | { kind: 'waiting'; state: number }
@@ -41,3 +50,14 @@ export function judgeRemoteTask(task: SdkTask): RemoteVerdict {
 }
 
 export type { SdkTask };
+
+/**
+ * Whether a task the remote answered (GetTask as the agent's own client) is the one Keel's message
+ * created: the task asked for, whose history holds the user message with the messageId Keel
+ * recorded before sending. Nobody else knows that id (it went only to the remote, in the message),
+ * so a task id named by a callback body cannot pass for ours; a remote that keeps no history
+ * cannot prove it either, and its dependency falls to the give-up rule.
+ */
+export function createdByMessage(task: SdkTask, askedId: string, messageId: string): boolean {
+  return task.id === askedId && (task.history ?? []).some((message) => message.messageId === messageId && message.role === ROLE_USER);
+}

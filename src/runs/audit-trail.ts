@@ -50,8 +50,12 @@ function cannotBeRefused(row: SerializedRow): boolean {
  * fail-soft (a lost audit row never fails a run), except `recordNow`, which reports whether the
  * event was stored: a write tool whose audit event cannot be stored does not run.
  */
+type PendingEvent = { sequence: number; kind: string; payload: Record<string, unknown>; at: number };
+
 export class AuditTrail {
-  private readonly pending: Array<{ sequence: number; kind: string; payload: Record<string, unknown>; at: number }> = [];
+  private readonly pending: PendingEvent[] = [];
+  /** Events handed to a caller's transaction: lost with it if it rolls back, unless given back. */
+  private taken: PendingEvent[] = [];
   private nextSequence: number;
   private oldestPendingAt = 0;
 
@@ -112,12 +116,16 @@ export class AuditTrail {
       // Printable ASCII with no NUL or lone-surrogate escape: valid jsonb in every server encoding,
       // for a row whose run is locked by the caller and whose key conflicts are ignored. No data
       // error can refuse it, so the savepoint (one round trip and a subtransaction) is skipped.
-      this.pending.length = 0;
+      this.taken.push(...this.pending.splice(0, this.pending.length));
       await this.insertRows(transaction, rows);
       return true;
     }
+    const batch = [...this.pending];
     return transaction.transaction((nested) => this.flushStrict(nested)).then(
-      () => true,
+      () => {
+        this.taken.push(...batch);
+        return true;
+      },
       (error: unknown) => {
         this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
         return false;
@@ -152,8 +160,21 @@ export class AuditTrail {
     if (this.pending.length === 0) return null;
     const rows = this.pending.map(serializedRow);
     if (!rows.every(cannotBeRefused)) return null;
-    this.pending.length = 0;
+    this.taken.push(...this.pending.splice(0, this.pending.length));
     return this.insertFragment(rows);
+  }
+
+  /**
+   * The caller's transaction rolled back: the events it took are buffered again (those `keep`
+   * accepts), ahead of anything recorded since, with their sequence numbers. Events of a transaction
+   * that committed are skipped on insert by their keys, so giving them back stores nothing twice.
+   */
+  restoreTaken(keep: (event: { kind: string }) => boolean = () => true): void {
+    const restored = this.taken.filter(keep);
+    this.taken = [];
+    if (restored.length === 0) return;
+    if (this.pending.length === 0) this.oldestPendingAt = Date.now();
+    this.pending.unshift(...restored);
   }
 
   /** Records and stores at once; false means the event is not in the trail. */

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { Ajv } from 'ajv';
-import type { DatabasePool } from 'slonik';
+import type { CommonQueryMethods, DatabasePool } from 'slonik';
 import type { LoopState, PendingApproval, ResumeInput } from '../../machines/agent-loop.machine.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -42,14 +42,49 @@ export type DecideResult =
 
 type ResumeDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues };
 
-async function handOff(deps: ResumeDeps, view: SuspendedView, status: SuspendStatus, resume: ResumeInput, requestMetadata?: Record<string, unknown>): Promise<RunRow | null> {
+/**
+ * Writes that belong to the hand-off (an A2A follow-up's reply in the task's history): they run in
+ * the transaction of the claim, after it, so they commit with it or not at all, and before any
+ * worker can take the run. False declines the hand-off: nothing of it is committed.
+ */
+export type WithHandOff = (transaction: CommonQueryMethods, claimed: RunRow) => Promise<boolean>;
+
+type HandOffResult = { kind: 'claimed'; run: RunRow } | { kind: 'lost' } | { kind: 'declined' };
+
+/** Rolls the hand-off's transaction back when its companion writes decline it. */
+class HandOffDeclined extends Error {}
+
+async function handOff(
+  deps: ResumeDeps,
+  view: SuspendedView,
+  status: SuspendStatus,
+  resume: ResumeInput,
+  requestMetadata?: Record<string, unknown>,
+  withHandOff?: WithHandOff,
+): Promise<HandOffResult> {
   const handoff = { workerId: `${HANDOFF_PREFIX}${randomBytes(8).toString('hex')}`, leaseMs: HANDOFF_LEASE_MS };
-  const claimed = await claimForResume(deps.pool, view.run.id, status, handoff, view.run.revision, {
-    sealer: deps.sealer,
-    state: { ...view.state, resume, ...(requestMetadata ? { requestMetadata: { ...view.state.requestMetadata, ...requestMetadata } } : {}) },
-  });
-  if (claimed) await enqueueRun(deps.queues, view.run.id);
-  return claimed;
+  const claim = (db: CommonQueryMethods) =>
+    claimForResume(db, view.run.id, status, handoff, view.run.revision, {
+      sealer: deps.sealer,
+      state: { ...view.state, resume, ...(requestMetadata ? { requestMetadata: { ...view.state.requestMetadata, ...requestMetadata } } : {}) },
+    });
+  let claimed: RunRow | null;
+  try {
+    claimed = withHandOff
+      ? await deps.pool.transaction(async (transaction) => {
+          const run = await claim(transaction);
+          if (run && !(await withHandOff(transaction, run))) throw new HandOffDeclined();
+          return run;
+        })
+      : await claim(deps.pool);
+  } catch (error) {
+    if (error instanceof HandOffDeclined) return { kind: 'declined' };
+    throw error;
+  }
+  if (!claimed) return { kind: 'lost' };
+  // Enqueued after the commit: the worker finds the claim and everything written with it.
+  await enqueueRun(deps.queues, view.run.id);
+  return { kind: 'claimed', run: claimed };
 }
 
 /**
@@ -61,13 +96,13 @@ export async function decideApproval(deps: ResumeDeps, runId: string, digest: st
   if (!read.ok) return read;
   const pending: PendingApproval | null = read.view.state.pendingApproval;
   if (!pending || pending.digest !== digest.trim().toLowerCase()) return { ok: false, reason: 'stale_digest' };
-  const claimed = await handOff(deps, read.view, 'waiting_for_approval', { kind: 'approval', approved, digest: pending.digest });
-  return claimed ? { ok: true, run: claimed } : { ok: false, reason: 'already_decided' };
+  const handed = await handOff(deps, read.view, 'waiting_for_approval', { kind: 'approval', approved, digest: pending.digest });
+  return handed.kind === 'claimed' ? { ok: true, run: handed.run } : { ok: false, reason: 'already_decided' };
 }
 
 export type ProvideInputResult =
   | { ok: true; run: RunRow }
-  | { ok: false; reason: 'not_found' | 'already_decided' }
+  | { ok: false; reason: 'not_found' | 'already_decided' | 'declined' }
   | { ok: false; reason: 'not_waiting'; status: string }
   | { ok: false; reason: 'unreadable'; detail: string }
   | { ok: false; reason: 'invalid_input'; errors: string };
@@ -77,15 +112,23 @@ const ajv = new Ajv({ allErrors: true, strict: false });
 /**
  * Typed input for a run waiting for it; input that does not match the tool's schema leaves it
  * waiting. `requestMetadata` (the A2A messageId of the follow-up) replaces the matching keys of what
- * the providers are given from then on.
+ * the providers are given from then on; `withHandOff` writes what goes with the input in the
+ * transaction that hands the run over ('declined' when it refuses: the run still waits).
  */
-export async function provideRunInput(deps: ResumeDeps, runId: string, value: unknown, requestMetadata?: Record<string, unknown>): Promise<ProvideInputResult> {
+export async function provideRunInput(
+  deps: ResumeDeps,
+  runId: string,
+  value: unknown,
+  requestMetadata?: Record<string, unknown>,
+  withHandOff?: WithHandOff,
+): Promise<ProvideInputResult> {
   const read = await readSuspendedRun(deps.pool, deps.sealer, runId, 'waiting_for_input');
   if (!read.ok) return read;
   const pending = read.view.state.pendingInput;
   if (!pending) return { ok: false, reason: 'unreadable', detail: 'no pending input request stored' };
   const validate = ajv.compile(pending.schema);
   if (!validate(value)) return { ok: false, reason: 'invalid_input', errors: ajv.errorsText(validate.errors) };
-  const claimed = await handOff(deps, read.view, 'waiting_for_input', { kind: 'input', value }, requestMetadata);
-  return claimed ? { ok: true, run: claimed } : { ok: false, reason: 'already_decided' };
+  const handed = await handOff(deps, read.view, 'waiting_for_input', { kind: 'input', value }, requestMetadata, withHandOff);
+  if (handed.kind === 'claimed') return { ok: true, run: handed.run };
+  return { ok: false, reason: handed.kind === 'declined' ? 'declined' : 'already_decided' };
 }

@@ -263,6 +263,32 @@ export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | nul
     RETURNING *`);
 }
 
+/** Runs waiting for an approval for longer than `timeoutHours`, oldest first. */
+export async function listApprovalsPastTimeout(db: Db, timeoutHours: number, limit: number): Promise<readonly string[]> {
+  return db.anyFirst(sql.type(z.object({ id: z.string() }))`
+    SELECT id FROM runs
+    WHERE status = ANY(${from('APPROVAL_TIMED_OUT')})
+      AND status_changed_at <= now() - ${sql.interval({ seconds: timeoutHours * 3600 })}
+    ORDER BY status_changed_at, id LIMIT ${limit}`);
+}
+
+/**
+ * waiting_for_approval → FAILED (`approval_denied`) once the run has waited `timeoutHours`. The
+ * guard rereads both the status and the waiting time, so an approval or a cancel that committed
+ * first keeps the run: exactly one of them has it.
+ */
+export async function timeOutApproval(db: Db, runId: string, timeoutHours: number): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('APPROVAL_TIMED_OUT')}, termination_reason = 'approval_denied',
+      failure_detail = ${sql.jsonb({ reason: 'approval_timed_out', timeoutHours })},
+      claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
+      queued_request = NULL, suspended_state = NULL,
+      settled_at = now(), revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('APPROVAL_TIMED_OUT')})
+      AND status_changed_at <= now() - ${sql.interval({ seconds: timeoutHours * 3600 })}
+    RETURNING *`);
+}
+
 /** Runs that owe a `runs` job: queued and due (the sweeper re-enqueues those whose job is missing). */
 export async function listQueuedRunIds(db: Db, limit: number): Promise<readonly string[]> {
   return db.anyFirst(sql.type(z.object({ id: z.string() }))`

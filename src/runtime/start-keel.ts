@@ -26,6 +26,7 @@ import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/projector.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
+import { deliveryOptionsFor } from '../push/delivery-options.js';
 import type { KeelContext } from './keel-context.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
 
@@ -159,16 +160,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
     runsWorker = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
-    queues.createWorker(
-      'push',
-      createPushDeliveryProcessor(context, fetch, {
-        timeoutMs: config.push.timeoutSeconds * 1000,
-        maxAttempts: config.push.maxAttempts,
-        retryBaseMs: config.push.retryBaseSeconds * 1000,
-        retryMaxMs: config.push.retryMaxSeconds * 1000,
-      }),
-      { concurrency: config.push.concurrency },
-    );
+    const delivery = deliveryOptionsFor(config.push, env);
+    for (const warning of delivery.warnings) logger.warn(warning);
+    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options), { concurrency: config.push.concurrency });
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }

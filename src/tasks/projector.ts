@@ -1,13 +1,13 @@
 import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
-import type { RunStatus } from '../../machines/run.machine.js';
+import type { RunStatus, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
 import { recordDeliveriesFor } from '../push/delivery-repository.js';
 import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
 import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
-import { FAILURE_MESSAGES, openSealed } from './task-repository.js';
+import { failureText, openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';
 
 // The projector turns committed run revisions into the journal (a2a_events) and the view's
@@ -126,14 +126,14 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         }
         events.push(status(state, run.status_changed_at, statusMessage ?? undefined));
       } else {
-        const reason = run.termination_reason as keyof typeof FAILURE_MESSAGES | null;
+        const reason = run.termination_reason as TerminationReason | null;
         const derived: Message | undefined =
           statusMessage ??
           (reason
             ? {
                 messageId: `${task.id}-status-${run.revision}`,
                 role: 'ROLE_AGENT',
-                parts: [{ text: run.failure_detail?.rejected === true ? 'the agent rejected the task' : (FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`) }],
+                parts: [{ text: failureText(reason, run.failure_detail) }],
                 taskId: task.id,
                 contextId: task.context_id,
               }

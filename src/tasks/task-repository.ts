@@ -2,6 +2,7 @@ import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import { applyLevel } from '../privacy/apply-level.js';
+import { approvalTimedOutText } from '../runs/approval-timeout.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../a2a/wire.js';
@@ -125,6 +126,24 @@ export const FAILURE_MESSAGES: Partial<Record<TerminationReason, string>> = {
   cancelled: 'the task was cancelled',
 };
 
+/**
+ * The text of a FAILED (or REJECTED, CANCELED) status without a message of the agent's: the
+ * termination reason's, made precise by the run's failure detail where that names a cause.
+ */
+export function failureText(reason: TerminationReason, failureDetail: Record<string, unknown> | null): string {
+  if (failureDetail?.rejected === true) return 'the agent rejected the task';
+  switch (failureDetail?.reason) {
+    case 'approval_timed_out':
+      if (typeof failureDetail.timeoutHours === 'number') return approvalTimedOutText(failureDetail.timeoutHours);
+      break;
+    case 'suspension_not_stored':
+      return 'the approval this request needs could not be recorded';
+    case 'result_not_stored':
+      return 'the result could not be stored';
+  }
+  return FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`;
+}
+
 export type TaskViewOptions = { historyLength?: number | undefined; includeArtifacts?: boolean };
 
 /** The wire Task for a row: content opened, status message derived where the run ended without one. */
@@ -134,7 +153,7 @@ export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions 
   let message: Message | undefined = statusMessage ?? undefined;
   const reason = row.termination_reason as TerminationReason | null;
   if (!message && reason && state !== 'TASK_STATE_COMPLETED') {
-    const text = row.failure_detail?.rejected === true ? 'the agent rejected the task' : (FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`);
+    const text = failureText(reason, row.failure_detail);
     message = { messageId: `${row.id}-status`, role: 'ROLE_AGENT', parts: [{ text }], contextId: row.context_id, taskId: row.id };
   }
   const metadata = { ...row.metadata, ...(reason === 'result_not_retainable' ? { reason: 'RESULT_NOT_RETAINABLE' } : {}) };
@@ -156,12 +175,44 @@ export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions 
   return task;
 }
 
-export async function appendTaskHistory(db: CommonQueryMethods, sealer: Sealer, row: Pick<TaskRow, 'id' | 'history' | 'answer_level'>, messages: Message[]): Promise<void> {
-  const level = row.answer_level as PrivacyLevel;
-  const current = openSealed<Message[]>(sealer, row.id, 'history', row.history, []);
-  const sealed = sealHistory(sealer, row.id, level, [...current, ...messages]);
+const conversationRow = z.object({ context_id: z.string(), history: z.instanceof(Buffer).nullable() });
+
+/**
+ * One write of the task's conversation: `messages` join the history as it is under the task-row
+ * lock (taken here; the caller holds the run-row lock, taken first) and the status message becomes
+ * `status`. Both are sealed at `level`, the answer level the caller read under its lock. History is
+ * never rewritten from a copy read earlier: a write that raced a completion would erase its answer.
+ */
+async function writeConversation(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, status: Message | null, messages: Message[]): Promise<void> {
+  const row = await db.maybeOne(sql.type(conversationRow)`SELECT context_id, history FROM a2a_tasks WHERE id = ${taskId} FOR UPDATE`);
+  if (!row) return;
+  const withContext = (message: Message): Message => ({ ...message, contextId: message.contextId ?? row.context_id });
+  const history = sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', row.history, []), ...messages.map(withContext)]);
+  const shown = status ? keepAtLevel(level, withContext(status)) : undefined;
   await db.query(sql.unsafe`
-    UPDATE a2a_tasks SET history = ${sealed === null ? null : sql.binary(sealed)}, updated_at = now() WHERE id = ${row.id}`);
+    UPDATE a2a_tasks SET
+      history = ${history === null ? null : sql.binary(history)},
+      status_message = ${shown === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), shown))},
+      updated_at = now()
+    WHERE id = ${taskId}`);
+}
+
+/**
+ * The agent's interim status message (the INPUT_REQUIRED prompt), written with the suspension: it
+ * is the task's status message while the task waits, and it joins the history, where it stays
+ * (docs/decisions/0012-interim-status-messages-in-history.md).
+ */
+export async function recordAgentStatusMessage(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, message: Message): Promise<void> {
+  await writeConversation(db, sealer, taskId, level, message, [message]);
+}
+
+/**
+ * The client's reply to a waiting task, written in the transaction that hands the run over: it
+ * joins the history and the prompt it answers stops being the status message, before any worker
+ * can take the run (so a completion always comes after, and is never overwritten).
+ */
+export async function recordClientReply(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, reply: Message): Promise<void> {
+  await writeConversation(db, sealer, taskId, level, null, [reply]);
 }
 
 export type TaskResult = { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean };
@@ -191,14 +242,6 @@ export async function writeTaskResult(
       status_message = ${status === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), status))},
       ${newHistory === null ? sql.fragment`` : sql.fragment`history = ${sql.binary(newHistory)},`}
       direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
-    WHERE id = ${taskId}`);
-}
-
-/** Sets (or clears) the status message shown with an interrupted state, e.g. the INPUT_REQUIRED prompt. */
-export async function writeTaskStatusMessage(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, message: Message | null): Promise<void> {
-  const kept = message ? keepAtLevel(level, message) : undefined;
-  await db.query(sql.unsafe`
-    UPDATE a2a_tasks SET status_message = ${kept === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), kept))}, updated_at = now()
     WHERE id = ${taskId}`);
 }
 

@@ -10,7 +10,8 @@ import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type Pri
 // (1.5 s against 1 s: Keel gives up waiting while the receiver may still answer 200) and 10 % are
 // slow within it; the rest answer 200 at once. 240 tasks on one `all` process, each with a push
 // config: every journal event must still be acknowledged at least once, in journal order per
-// config. Attempts per delivery are raised to 30 (default 8) so that a delivery's run of bad luck
+// config. Attempts per delivery are raised to 30 (default and maximum of push.maxAttempts: 8, so
+// through the test-only KEEL_TEST_PUSH_MAX_ATTEMPTS) so that a delivery's run of bad luck
 // (0.5^8 ≈ 0.4 % per delivery, over ~700 deliveries) does not end it as dead.
 
 let postgres: PrivatePostgres;
@@ -47,7 +48,7 @@ describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () 
   it(
     'resets, 503s and slow answers: every event arrives, in order per config',
     async () => {
-      const installation = await Installation.create({ postgres, redis, model, env: { KEEL_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
+      const installation = await Installation.create({ postgres, redis, model, env: { KEEL_TEST_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
       installations.push(installation);
       await installation.addNode('all');
       const startedAt = Date.now();

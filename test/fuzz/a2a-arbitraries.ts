@@ -303,7 +303,7 @@ function validParams(world: World): Record<Method, fc.Arbitrary<Record<string, u
         id: configId,
         url: fc.constant(world.pushUrl),
         token: storableId,
-        authentication: fc.record({ scheme: fc.constantFrom('Bearer', 'Basic'), credentials: storableId }, { requiredKeys: ['scheme'] }),
+        authentication: fc.record({ scheme: fc.constantFrom('Bearer', 'bearer', 'Basic'), credentials: storableId }, { requiredKeys: ['scheme'] }),
       },
       { requiredKeys: ['taskId', 'url'] },
     ),

@@ -30,7 +30,7 @@ beforeAll(async () => {
   const registrations: Array<{ id: string; credential: string }> = [];
   for (const name of ['a', 'b']) {
     const run = await createRun(pool, sealer, { agent: 'echo', auditLevel: 'full', answerLevel: 'full', request: { messages: [{ role: 'user', content: `waits on ${name}` }] } });
-    const dependency = await createDependency(pool, { runId: run.id, toolCallId: `call-${name}`, toolName: 'remote_agent', remoteAgent: 'remote', withRegistration: true });
+    const dependency = await createDependency(pool, { runId: run.id, toolCallId: `call-${name}`, toolName: 'remote_agent', remoteAgent: 'remote', messageId: `m-${name}`, withRegistration: true });
     registrations.push(dependency.registration!);
   }
   [registration, other] = registrations as [typeof registration, typeof other];

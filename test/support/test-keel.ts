@@ -14,6 +14,9 @@ export function tempDir(prefix = 'keel-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }
 
+const stringValues = (values: Record<string, unknown>): Record<string, string> =>
+  Object.fromEntries(Object.entries(values).map(([key, value]) => [key, typeof value === 'string' ? value : JSON.stringify(value)]));
+
 /**
  * Builds a config the way an operator would (YAML-shaped input through the real loader) on a
  * database of its own and the suite's queue backend.
@@ -28,7 +31,7 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
       KEEL_DATA_DIR: tempDir('keel-data-'),
       KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
-      ...Object.fromEntries(Object.entries(overrides).map(([key, value]) => [key, typeof value === 'string' ? value : JSON.stringify(value)])),
+      ...stringValues(overrides),
       ...env,
     },
   });
@@ -44,7 +47,9 @@ export async function startTestKeel(
   const masterKey = options.env?.KEEL_MASTER_KEY ?? encodeMasterKey(generateMasterKey());
   const config = testConfig(databaseUrl, options.overrides, options.env);
   const started = await startKeel(config, options.logger ?? silentLogger(), {
-    env: { ...options.env, KEEL_MASTER_KEY: masterKey },
+    // The overrides reach startKeel's environment too: test-only knobs that are not config keys
+    // (src/push/delivery-options.ts) are read there.
+    env: { ...stringValues(options.overrides ?? {}), ...options.env, KEEL_MASTER_KEY: masterKey },
     notice: () => undefined,
     ...options.start,
   });

@@ -33,6 +33,7 @@ const refusedTargets = (loopbackPort: number) => [
   { name: '169.254.169.254', url: 'http://169.254.169.254/latest/meta-data/', reason: 'refused_range' },
   { name: '[::1]', url: `http://[::1]:${loopbackPort}/hook`, reason: 'refused_range' },
   { name: '[::ffff:127.0.0.1]', url: `http://[::ffff:127.0.0.1]:${loopbackPort}/hook`, reason: 'refused_range' },
+  { name: '[::ffff:7f00:1]', url: `http://[::ffff:7f00:1]:${loopbackPort}/hook`, reason: 'refused_range' },
   { name: '2130706433', url: `http://2130706433:${loopbackPort}/hook`, reason: 'numeric_host' },
   { name: '0x7f.0.0.1', url: `http://0x7f.0.0.1:${loopbackPort}/hook`, reason: 'numeric_host' },
   // A host name resolving to a private address (loopback), not listed in allowHosts.
@@ -154,7 +155,9 @@ describe('at delivery', () => {
       }, `config ${configId} (${target.name}) to stop`);
       expect(state.state_reason, target.name).toMatch(new RegExp(`^address guard: .*refused`));
       const rows = await deliveriesOf(pool, taskId, configId);
-      expect(rows.length).toBeGreaterThanOrEqual(3);
+      // At least the SUBMITTED event's delivery; the later events get one only if they were projected
+      // before the first attempt stopped the config (a stopped config gets no new deliveries).
+      expect(rows.length).toBeGreaterThanOrEqual(1);
       expect(rows.every((row) => row.state === 'cancelled'), target.name).toBe(true);
       // The one attempt that met the refusal is recorded; nothing else was tried.
       const attempts = (await Promise.all(rows.map((row) => attemptsOf(pool, row.id)))).flat();

@@ -108,7 +108,7 @@ describe('worker killed', () => {
       ...Object.fromEntries(Object.entries(PUSH_TEST_OVERRIDES).map(([key, value]) => [key, String(value)])),
       // Long enough that the held request is still in flight when the worker is killed; the
       // attempt's lease (2 × timeout + 1 s) then decides when it is tried again.
-      KEEL_PUSH_TIMEOUT_SECONDS: '2',
+      KEEL_TEST_PUSH_TIMEOUT_SECONDS: '2',
     };
     const token = await newClientToken(database.pool);
 

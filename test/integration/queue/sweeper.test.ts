@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRun } from '../../../src/runs/run-repository.js';
+import { timeOutApprovals } from '../../../src/runs/approval-timeout.js';
+import { listRunEvents } from '../../../src/runs/run-event-repository.js';
+import { claimQueuedRun, createRun, getRun, suspendRun } from '../../../src/runs/run-repository.js';
 import { runJobId } from '../../../src/queue/job-ids.js';
 import { KeelQueues } from '../../../src/queue/keel-queues.js';
 import { silentLogger } from '../../../src/log/logger.js';
@@ -60,5 +62,40 @@ describe(`maintenance sweep on the ${testQueueKind()} queue backend`, () => {
     await db.pool.query(sql.unsafe`UPDATE runs SET status = 'cancelled', termination_reason = 'cancelled' WHERE id = ${run.id}`);
     await sweepDebts({ pool: db.pool, queues, logger });
     expect(await queues.queue('runs').getJob(runJobId(run.id))).toBeFalsy();
+  });
+});
+
+describe(`approval timeout in the maintenance sweep on the ${testQueueKind()} queue backend`, () => {
+  /** A run waiting for an approval since `hoursAgo`, at the given audit level. */
+  async function waitingRun(auditLevel: 'none' | 'metadata', hoursAgo: number) {
+    const run = await createRun(db.pool, sealer, { agent: 'mailer', auditLevel, answerLevel: 'full', request: {} });
+    await claimQueuedRun(db.pool, run.id, { workerId: 'w1', leaseMs: 60_000 });
+    await suspendRun(db.pool, sealer, run.id, 'w1', 'waiting_for_approval', { pendingApproval: null });
+    await db.pool.query(sql.unsafe`
+      UPDATE runs SET status_changed_at = now() - ${sql.interval({ seconds: hoursAgo * 3600 })} WHERE id = ${run.id}`);
+    return run.id;
+  }
+
+  it('fails only the runs past the timeout, with the event within the audit level and the detail at every level', async () => {
+    const silent = await waitingRun('none', 2);
+    const audited = await waitingRun('metadata', 2);
+    const recent = await waitingRun('metadata', 0.4);
+    expect(await timeOutApprovals({ pool: db.pool, queues, logger }, 0.5)).toBe(2);
+
+    for (const id of [silent, audited]) {
+      expect(await getRun(db.pool, id)).toMatchObject({
+        status: 'failed',
+        termination_reason: 'approval_denied',
+        suspended_state: null,
+        failure_detail: { reason: 'approval_timed_out', timeoutHours: 0.5 },
+      });
+    }
+    expect(await listRunEvents(db.pool, silent)).toEqual([]);
+    expect((await listRunEvents(db.pool, audited)).map((event) => [event.kind, event.payload])).toEqual([
+      ['approval_timed_out', { message: 'approval timed out after 0.5 h', timeoutHours: 0.5 }],
+    ]);
+    expect(await getRun(db.pool, recent)).toMatchObject({ status: 'waiting_for_approval', termination_reason: null });
+    // Nothing is left for a second sweep.
+    expect(await timeOutApprovals({ pool: db.pool, queues, logger }, 0.5)).toBe(0);
   });
 });

@@ -289,6 +289,8 @@ export type FakeRemote = {
   /** Every JSON-RPC call, by method, in arrival order. */
   methods: string[];
   count: (method: string) => number;
+  /** The params of every GetTask, in arrival order. */
+  getTaskParams: Json[];
   /** Push configs created with CreateTaskPushNotificationConfig. */
   createdConfigs: Json[];
   /** What GetTask answers for a task (default WORKING). */
@@ -311,7 +313,9 @@ export type FakeRemoteOptions = {
 /**
  * A minimal A2A 1.0 JSON-RPC remote: SendMessage answers a WORKING task and records the message
  * (its push config included, so a test can act as the remote with the registration's credential);
- * GetTask answers the state the test set; CreateTaskPushNotificationConfig records the config.
+ * GetTask answers the state the test set, with the creating message as history;
+ * CreateTaskPushNotificationConfig records the config. It serves every caller alike (no owner
+ * scoping), so GetTask shows any client's task: what a remote without authentication does.
  */
 export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeRemote> {
   const sends: FakeSend[] = [];
@@ -319,17 +323,23 @@ export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeR
   const createdConfigs: Json[] = [];
   const states = new Map<string, FakeTaskState>();
   const contexts = new Map<string, string>();
+  const messages = new Map<string, Json>();
+  const getTaskParams: Json[] = [];
   let getTaskMode: 'answer' | 'unavailable' = 'answer';
   let base = '';
   const sockets = new Set<Socket>();
 
-  const taskJson = (taskId: string) => {
+  // History is the message that created the task (as sent, its messageId included), unless the
+  // request asked for none (historyLength 0), as an A2A server answers.
+  const taskJson = (taskId: string, historyLength: unknown) => {
     const state = states.get(taskId) ?? 'TASK_STATE_WORKING';
+    const message = messages.get(taskId);
     return {
       id: taskId,
       contextId: contexts.get(taskId) ?? 'fake-context',
       status: { state, ...(state === 'TASK_STATE_FAILED' ? { message: { messageId: `${taskId}-m`, role: 'ROLE_AGENT', parts: [{ text: 'it broke' }] } } : {}) },
       artifacts: state === 'TASK_STATE_COMPLETED' ? [{ artifactId: 'result', name: 'result', parts: [{ text: fakeResultFor(taskId) }] }] : [],
+      ...(message && historyLength !== 0 ? { history: [{ ...message, taskId, contextId: contexts.get(taskId) }] } : {}),
     };
   };
 
@@ -368,6 +378,7 @@ export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeR
             const contextId = `fake-context-${randomUUID()}`;
             contexts.set(taskId, contextId);
             states.set(taskId, 'TASK_STATE_WORKING');
+            if (rpc.params?.message) messages.set(taskId, rpc.params.message);
             const record = { taskId, contextId, body: rpc.params, pushConfig: rpc.params?.configuration?.taskPushNotificationConfig ?? null, headers: request.headers };
             if (options.beforeAnswer) await options.beforeAnswer(record);
             sends.push({ ...record, answeredAt: Date.now() });
@@ -376,8 +387,9 @@ export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeR
           case 'GetTask': {
             // The task as it is when the request arrives, answered after the delay.
             const taskId = String(rpc.params?.id ?? '');
+            getTaskParams.push(rpc.params ?? null);
             const mode = getTaskMode;
-            const task = contexts.has(taskId) ? taskJson(taskId) : null;
+            const task = contexts.has(taskId) ? taskJson(taskId, rpc.params?.historyLength) : null;
             if (options.getTaskDelayMs) await sleep(options.getTaskDelayMs);
             if (mode === 'unavailable') return send(503, { error: 'unavailable' });
             if (!task) return send(200, { jsonrpc: '2.0', id: rpc.id, error: { code: -32001, message: 'task not found' } });
@@ -406,6 +418,7 @@ export async function startFakeRemote(options: FakeRemoteOptions): Promise<FakeR
     sends,
     methods,
     count: (method) => methods.filter((name) => name === method).length,
+    getTaskParams,
     createdConfigs,
     setState: (taskId, state) => states.set(taskId, state),
     setGetTask: (mode) => (getTaskMode = mode),

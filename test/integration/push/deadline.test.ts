@@ -1,0 +1,103 @@
+import { sql } from 'slonik';
+import { z } from 'zod';
+import { afterAll, describe, expect, it } from 'vitest';
+import { deliveriesOfConfig, findPushConfigs, resumePushConfig } from '../../../src/push/push-admin.js';
+import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
+import { waitFor } from '../../support/wait-for.js';
+import {
+  PUSH_TEST_OVERRIDES,
+  attemptsOf,
+  configState,
+  deliveriesOf,
+  newClientToken,
+  sendWithPush,
+  sleep,
+  startReceiver,
+  waitForSettled,
+  type Receiver,
+} from './push-support.js';
+
+// The delivery deadline (`push.deadlineHours` after the event): a delivery still pending then is
+// not attempted any more and ends `expired`, visible with its outcome in the outbox and to the
+// operator (`keel push show`). The deadline here is a few seconds, a fraction of an hour.
+
+const DEADLINE_SECONDS = 3;
+const keels: TestKeel[] = [];
+const receivers: Receiver[] = [];
+afterAll(async () => {
+  for (const receiver of receivers) await receiver.close();
+  for (const keel of keels) await keel.dispose();
+});
+
+async function startKeelWithDeadline(overrides: Record<string, unknown> = {}): Promise<TestKeel> {
+  const keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_DEADLINE_HOURS: String(DEADLINE_SECONDS / 3600), ...overrides } });
+  keels.push(keel);
+  return keel;
+}
+
+const deadlineRow = z.object({ id: z.string(), deadline: z.number(), created_at: z.number() });
+
+async function deadlines(keel: TestKeel, taskId: string) {
+  return keel.context.pool.any(sql.type(deadlineRow)`SELECT id, deadline, created_at FROM push_deliveries WHERE task_id = ${taskId} ORDER BY event_sequence`);
+}
+
+describe('push.deadlineHours', () => {
+  it('a delivery waiting past its deadline (config paused) is never attempted: expired, shown as such', async () => {
+    const keel = await startKeelWithDeadline();
+    const token = await newClientToken(keel.context.pool);
+    let status = 401;
+    const receiver = await startReceiver(() => ({ status }));
+    receivers.push(receiver);
+    const { taskId } = await sendWithPush(keel.url, token, 'echo', 'late', { id: 'late', url: receiver.url });
+    const pool = keel.context.pool;
+    await waitFor(async () => (await configState(pool, taskId, 'late'))?.state === 'paused', 'the config to pause');
+    await waitFor(async () => (await deliveriesOf(pool, taskId)).some((row) => row.event_state === 'TASK_STATE_COMPLETED'), 'every event to have its delivery');
+
+    const rows = await deadlines(keel, taskId);
+    expect(rows.length).toBeGreaterThanOrEqual(3);
+    for (const row of rows) {
+      expect(row.deadline - row.created_at).toBeGreaterThanOrEqual(DEADLINE_SECONDS * 1000 - 50);
+      expect(row.deadline - row.created_at).toBeLessThanOrEqual(DEADLINE_SECONDS * 1000 + 50);
+    }
+    // Past every deadline, the receiver would now accept; the operator resumes the config.
+    await sleep(Math.max(0, Math.max(...rows.map((row) => row.deadline)) - Date.now()) + 200);
+    status = 200;
+    const resumed = await resumePushConfig(keel.context, taskId, 'late');
+    expect(resumed.ok).toBe(true);
+
+    const settled = await waitForSettled(pool, taskId);
+    expect(settled.map((row) => [row.state, row.last_outcome])).toEqual(settled.map(() => ['expired', 'expired: past its deadline']));
+    // Only the request that paused the config was ever made; none after the deadline.
+    expect(receiver.requests).toHaveLength(1);
+    const attempts = (await Promise.all(settled.map((row) => attemptsOf(pool, row.id)))).flat();
+    expect(attempts.map((attempt) => [attempt.status_code, attempt.outcome])).toEqual([[401, 'paused']]);
+
+    // What `keel push show` prints: every delivery expired, counted as failed.
+    const [summary] = await findPushConfigs(pool, `${taskId}/late`);
+    expect(summary).toMatchObject({ pending: 0, delivered: 0, failed: settled.length });
+    const { deliveries } = await deliveriesOfConfig(pool, taskId, 'late');
+    expect(deliveries.every((delivery) => delivery.state === 'expired' && delivery.ended_at !== null)).toBe(true);
+  });
+
+  it('a delivery retried until its deadline ends expired (not dead, no attempt past the deadline); the events behind it too', async () => {
+    // Backoff of about a second: the deadline comes before the 8 attempts are used up.
+    const keel = await startKeelWithDeadline({ KEEL_PUSH_RETRY_BASE_SECONDS: '1', KEEL_PUSH_RETRY_MAX_SECONDS: '1' });
+    const token = await newClientToken(keel.context.pool);
+    const receiver = await startReceiver(() => ({ status: 503 }));
+    receivers.push(receiver);
+    const { taskId } = await sendWithPush(keel.url, token, 'echo', 'unavailable', { id: 'busy', url: receiver.url });
+    const pool = keel.context.pool;
+    const settled = await waitForSettled(pool, taskId);
+    expect(settled.map((row) => row.state)).toEqual(settled.map(() => 'expired'));
+    const rows = await deadlines(keel, taskId);
+    const first = settled[0]!;
+    const attempts = await attemptsOf(pool, first.id);
+    expect(attempts.length).toBeGreaterThanOrEqual(2);
+    expect(attempts.length).toBeLessThan(8);
+    expect(attempts.every((attempt) => attempt.status_code === 503 && attempt.outcome === 'retry')).toBe(true);
+    const deadline = rows.find((row) => row.id === first.id)!.deadline;
+    for (const attempt of attempts) expect(attempt.started_at).toBeLessThanOrEqual(deadline);
+    // Only the head was ever tried: the events behind it expired without a request.
+    expect(new Set(receiver.requests.map((request) => request.deliveryId))).toEqual(new Set([first.id]));
+  });
+});
