@@ -1,17 +1,43 @@
-import { spawn, execFile, execFileSync, type ChildProcess } from 'node:child_process';
-import { randomBytes, randomUUID } from 'node:crypto';
+import { execFile, execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { setMaxListeners } from 'node:events';
-import { createServer } from 'node:net';
-import { cpus, platform, arch, tmpdir, totalmem } from 'node:os';
+import { cpus, platform, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { Pool } from 'undici';
 import { encodeMasterKey, generateMasterKey } from '../src/sealing/master-key.js';
+import {
+  A2A_HEADERS,
+  databaseName,
+  dropRedisKeys,
+  envKnobs,
+  freePort,
+  freePorts,
+  guard,
+  interrupted,
+  judgeSend,
+  machineLine,
+  ManagedChild,
+  redisUrl,
+  repoRoot,
+  rpcBody,
+  runBench,
+  runCommand,
+  sendMessageParams,
+  sleep,
+  throwIfInterrupted,
+  unguard,
+  waitUntilReady,
+  watchdogConnected,
+  withAdmin as withAdminOn,
+  withTrackedDatabase as withTrackedDatabaseOn,
+  writeBenchJson,
+  type InterruptOptions,
+} from './keel-harness.js';
 import { startPrivatePostgres, type PrivatePostgres } from './private-postgres.js';
-import { ADMIN_URL, fmt, percentile, withBenchDatabase } from './support.js';
+import { ADMIN_URL, fmt, percentile } from './support.js';
 
 // bench:a2a — the same load against A2A servers, side by side in one run on this machine:
 //   - the official @a2a-js/sdk server on its InMemoryTaskStore,
@@ -39,7 +65,8 @@ import { ADMIN_URL, fmt, percentile, withBenchDatabase } from './support.js';
 //   BENCH_TARGETS          which targets: sdk-memory,sdk-postgres,keel (all three)
 //   BENCH_KEEL_TOPOLOGY    which Keel topologies: single,split (both)
 //   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres, or both: "redis,postgres" (redis;
-//                          Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379)
+//                          Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379; the knobs every Keel
+//                          bench reads are in bench/keel-harness.ts)
 //   BENCH_KEEL_AUTH        token | none (token): under token one client is created once per Keel run
 //                          (`keel clients add bench`) and every process of it accepts its token
 //   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel children (warn)
@@ -150,318 +177,47 @@ const TOPOLOGY_DESCRIPTION: Record<Topology, string> = {
   split: '2 × --role api + 2 × --role worker',
 };
 
-const repoRoot = fileURLToPath(new URL('..', import.meta.url));
+const BENCH = 'bench:a2a';
+const knobs = envKnobs(BENCH);
+const fail = knobs.fail;
 const keelBin = join(repoRoot, 'bin/keel.js');
-const seconds = positiveNumber('BENCH_SECONDS', 10);
-const warmupSeconds = nonNegativeNumber('BENCH_WARMUP_SECONDS', 2);
-const rounds = positiveNumber('BENCH_ROUNDS', 1);
-if (!Number.isInteger(rounds)) fail('BENCH_ROUNDS: expected a positive integer');
+const seconds = knobs.positive('BENCH_SECONDS', 10);
+const warmupSeconds = knobs.nonNegative('BENCH_WARMUP_SECONDS', 2);
+const rounds = knobs.positiveInt('BENCH_ROUNDS', 1);
 let currentRound = 1;
-const concurrencies = list('BENCH_CONCURRENCY', '32').map((item) => {
+const concurrencies = knobs.list('BENCH_CONCURRENCY', '32').map((item) => {
   const value = Number(item);
   if (!Number.isInteger(value) || value < 1) fail(`BENCH_CONCURRENCY: "${item}" is not a positive integer`);
   return value;
 });
-const targetKinds = oneOf<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
-const topologies = oneOf<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
-const keelQueues = oneOf<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
-const keelAuth = oneOf<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', ['token', 'none']);
-if (keelAuth.length !== 1) fail('BENCH_KEEL_AUTH: expected one of token, none');
-const keelAuthMode = keelAuth[0]!;
-const redisUrl = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379';
-const sdkPoolSize = positiveNumber('BENCH_SDK_PG_POOL', 10);
+const targetKinds = knobs.choices<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
+const topologies = knobs.choices<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
+const keelQueues = knobs.choices<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
+const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', ['token', 'none']);
+const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
-const postgresKind = oneOf<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']);
-if (postgresKind.length !== 1) fail('BENCH_POSTGRES: expected one of private, machine');
-const usePrivatePostgres = postgresKind[0] === 'private';
-const privateMaxConnections = positiveNumber('BENCH_PG_MAX_CONNECTIONS', 500);
-const settleSeconds = nonNegativeNumber('BENCH_PG_SETTLE_SECONDS', 11);
-const cpuEnabled = flag('BENCH_CPU');
+const usePrivatePostgres = knobs.choice<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']) === 'private';
+const privateMaxConnections = knobs.positive('BENCH_PG_MAX_CONNECTIONS', 500);
+const settleSeconds = knobs.nonNegative('BENCH_PG_SETTLE_SECONDS', 11);
+const cpuEnabled = knobs.flag('BENCH_CPU');
 if (cpuEnabled && platform() !== 'linux') fail('BENCH_CPU: reads /proc, so Linux only');
 const keelNodeArgs = (process.env.BENCH_KEEL_NODE_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
-const logStatements = flag('BENCH_LOG_STATEMENTS');
+const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
 /** The server the bench databases are created on: the machine's, or the private cluster once started. */
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
-
-function fail(message: string): never {
-  console.error(`bench:a2a: ${message}`);
-  process.exit(2);
-}
-
-function list(name: string, fallback: string): string[] {
-  const items = (process.env[name] ?? fallback).split(',').map((item) => item.trim()).filter((item) => item !== '');
-  if (items.length === 0) fail(`${name}: empty`);
-  return [...new Set(items)];
-}
-
-function oneOf<T extends string>(name: string, fallback: string, allowed: readonly T[]): T[] {
-  return list(name, fallback).map((item) => {
-    if (!(allowed as readonly string[]).includes(item)) fail(`${name}: unknown value "${item}" (${allowed.join(', ')})`);
-    return item as T;
-  });
-}
-
-function positiveNumber(name: string, fallback: number): number {
-  const value = Number(process.env[name] ?? fallback);
-  if (!Number.isFinite(value) || value <= 0) fail(`${name}: expected a positive number`);
-  return value;
-}
-
-function flag(name: string): boolean {
-  const value = (process.env[name] ?? '0').trim();
-  if (value !== '0' && value !== '1' && value !== '') fail(`${name}: expected 1 or 0`);
-  return value === '1';
-}
-
-function nonNegativeNumber(name: string, fallback: number): number {
-  const value = Number(process.env[name] ?? fallback);
-  if (!Number.isFinite(value) || value < 0) fail(`${name}: expected a number ≥ 0`);
-  return value;
-}
 // ---------------------------------------------------------------------------------------------
-// Interruption and child processes. Every child runs in a process group of its own (so a Ctrl-C in
-// the terminal reaches only this harness, which then stops the children in order and lets each
-// withBenchDatabase drop its database). A second Ctrl-C kills the children at once and exits.
+// Interruption and child processes (bench/keel-harness.ts): every child runs in a process group of
+// its own and is on the clean-up watchdog's list, as are the private cluster, the bench databases
+// and the data directories. A second Ctrl-C kills the children at once and exits.
 
-const interrupted = new AbortController();
-// Every in-flight request listens on it.
-setMaxListeners(0, interrupted.signal);
-const liveChildren = new Set<ManagedChild>();
-const liveDatabases = new Set<string>();
-let firstSignalAt = 0;
-
-function onSignal(signal: NodeJS.Signals): void {
-  const now = Date.now();
-  if (firstSignalAt === 0) {
-    firstSignalAt = now;
-    console.error(`\nbench:a2a: ${signal}, stopping the servers and dropping the bench databases (again to force)`);
-    interrupted.abort(new Error(`interrupted by ${signal}`));
-    return;
-  }
-  // One Ctrl-C can arrive twice: from the terminal and relayed by tsx (which re-sends when it has not
-  // heard back from this process within 30 ms). Only a later one means "force".
-  if (now - firstSignalAt < 500) return;
-  // The 'exit' listener kills the children; the watchdog drops the databases and removes the rest.
-  if (!watchdog?.connected) {
-    if (privatePostgres) console.error(`bench:a2a: left behind, remove by hand: ${privatePostgres.dataDir}`);
-    else if (liveDatabases.size > 0) console.error(`bench:a2a: left behind, drop by hand: ${[...liveDatabases].join(', ')}`);
-  }
-  process.exit(130);
-}
-process.on('SIGINT', onSignal);
-process.on('SIGTERM', onSignal);
-process.on('exit', () => {
-  for (const child of liveChildren) child.kill('SIGKILL');
+const interruptOptions: InterruptOptions = {
+  leftBehind: () => (privatePostgres ? `remove by hand: ${privatePostgres.dataDir}` : null),
   // With a watchdog, the private cluster stays up until it has dropped the bench databases.
-  if (!watchdog?.connected) privatePostgres?.kill();
-});
-
-// The backstop: a watchdog process that stops and removes whatever this process started and did
-// not clean up itself, should this process be killed (tsx SIGKILLs a child that does not
-// acknowledge a relayed Ctrl-C within about 60 ms, which a busy load generator may not).
-type Guarded =
-  | { kind: 'group'; pid: number }
-  | { kind: 'postgres'; pid: number; dir: string }
-  | { kind: 'database'; name: string; adminUrl: string }
-  | { kind: 'dir'; path: string };
-
-const watchdog: ChildProcess | null = (() => {
-  try {
-    const child = spawn(process.execPath, [fileURLToPath(new URL('./cleanup-watchdog.mjs', import.meta.url))], {
-      cwd: repoRoot,
-      detached: true,
-      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
-    });
-    child.on('error', () => undefined);
-    child.unref();
-    child.channel?.unref();
-    return child;
-  } catch {
-    return null;
-  }
-})();
-
-function tellWatchdog(op: 'add' | 'remove', item: Guarded): void {
-  if (!watchdog?.connected) return;
-  try {
-    watchdog.send({ op, ...item }, () => undefined);
-  } catch {
-    // The watchdog is gone: the clean-up in this process still runs.
-  }
-}
-/** At the end, after this process cleaned up itself: the watchdog may go. */
-async function dismissWatchdog(): Promise<void> {
-  if (!watchdog?.connected) return;
-  await new Promise<void>((resolve) => {
-    try {
-      watchdog.send({ op: 'bye' }, () => resolve());
-    } catch {
-      resolve();
-    }
-  });
-}
-const guard = (item: Guarded) => tellWatchdog('add', item);
-const unguard = (item: Guarded) => tellWatchdog('remove', item);
-
-function throwIfInterrupted(): void {
-  if (interrupted.signal.aborted) throw interrupted.signal.reason as Error;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (interrupted.signal.aborted) return reject(interrupted.signal.reason as Error);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(interrupted.signal.reason as Error);
-    };
-    const timer = setTimeout(() => {
-      interrupted.signal.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    interrupted.signal.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
-class ManagedChild {
-  readonly process: ChildProcess;
-  private readonly output: string[] = [];
-  /** The whole stdout, when asked for (a command whose answer is on stdout). */
-  private stdoutText = '';
-  readonly exited: Promise<number | null>;
-  private hasExited = false;
-
-  constructor(
-    readonly name: string,
-    command: string,
-    args: string[],
-    options: { env?: NodeJS.ProcessEnv; ipc?: boolean; captureStdout?: boolean },
-  ) {
-    this.process = spawn(command, args, {
-      cwd: repoRoot,
-      env: options.env ?? process.env,
-      detached: true,
-      stdio: options.ipc ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
-    });
-    liveChildren.add(this);
-    const pid = this.process.pid;
-    if (pid !== undefined) guard({ kind: 'group', pid });
-    const keep = (chunk: Buffer) => {
-      for (const line of chunk.toString('utf8').split('\n')) {
-        if (line.trim() === '') continue;
-        this.output.push(line);
-        if (this.output.length > 60) this.output.shift();
-      }
-    };
-    if (options.captureStdout) {
-      // Kept apart from the output tail: it may hold a secret (a client token) that error messages must not show.
-      this.process.stdout?.on('data', (chunk: Buffer) => (this.stdoutText += chunk.toString('utf8')));
-    } else {
-      this.process.stdout?.on('data', keep);
-    }
-    this.process.stderr?.on('data', keep);
-    this.exited = new Promise((resolve) => {
-      this.process.on('exit', (code, signal) => {
-        this.hasExited = true;
-        liveChildren.delete(this);
-        if (pid !== undefined) unguard({ kind: 'group', pid });
-        resolve(code ?? (signal ? 128 : null));
-      });
-      this.process.on('error', (error) => {
-        this.output.push(`spawn failed: ${error.message}`);
-        this.hasExited = true;
-        liveChildren.delete(this);
-        resolve(null);
-      });
-    });
-  }
-
-  get running(): boolean {
-    return !this.hasExited;
-  }
-
-  get stdout(): string {
-    return this.stdoutText;
-  }
-
-  tail(lines = 15): string {
-    return this.output.slice(-lines).join('\n');
-  }
-
-  kill(signal: NodeJS.Signals): void {
-    if (!this.running || this.process.pid === undefined) return;
-    try {
-      process.kill(-this.process.pid, signal);
-    } catch {
-      // Already gone.
-    }
-  }
-
-  /** SIGTERM to the child's process group, SIGKILL if it has not exited after `graceMs`. */
-  async stop(graceMs = 10_000): Promise<void> {
-    if (!this.running) return;
-    this.kill('SIGTERM');
-    const timer = setTimeout(() => this.kill('SIGKILL'), graceMs);
-    await this.exited;
-    clearTimeout(timer);
-  }
-}
-
-/** Runs a short command as a managed child (stopped on Ctrl-C like the servers); its stdout, or an error with its output. */
-async function runCommand(name: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs = 120_000): Promise<string> {
-  const child = new ManagedChild(name, process.execPath, args, { env, captureStdout: true });
-  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-  const onAbort = () => child.kill('SIGTERM');
-  interrupted.signal.addEventListener('abort', onAbort, { once: true });
-  try {
-    const code = await child.exited;
-    throwIfInterrupted();
-    if (code !== 0) throw new Error(`${name} failed (exit ${code}):\n${child.tail()}`);
-    return child.stdout;
-  } finally {
-    clearTimeout(timer);
-    interrupted.signal.removeEventListener('abort', onAbort);
-  }
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-/** `count` distinct free ports (each free when asked; a server started right after takes it). */
-async function freePorts(count: number): Promise<number[]> {
-  const ports = new Set<number>();
-  while (ports.size < count) ports.add(await freePort());
-  return [...ports];
-}
-
-/** Polls `url` until it answers 200; fails when the child exits first or after `timeoutMs`. */
-async function waitUntilReady(child: ManagedChild, url: string, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let last = 'no answer';
-  while (Date.now() < deadline) {
-    throwIfInterrupted();
-    if (!child.running) throw new Error(`${child.name} exited before it was ready:\n${child.tail()}`);
-    try {
-      const response = await fetch(url, { signal: AbortSignal.timeout(2000) });
-      await response.arrayBuffer();
-      if (response.status === 200) return;
-      last = `HTTP ${response.status}`;
-    } catch (error) {
-      last = (error as Error).message;
-    }
-    await sleep(100);
-  }
-  throw new Error(`${child.name} not ready after ${timeoutMs / 1000} s (${url}: ${last}):\n${child.tail()}`);
-}
+  onExit: () => {
+    if (!watchdogConnected()) privatePostgres?.kill();
+  },
+};
 
 
 // ---------------------------------------------------------------------------------------------
@@ -470,40 +226,14 @@ async function waitUntilReady(child: ManagedChild, url: string, timeoutMs: numbe
 /** The longest the measured window waits, after the warm-up, for every client's first answer. */
 const MAX_WARMUP_EXTENSION_MS = 30_000;
 
-const A2A_HEADERS: Record<string, string> = { 'content-type': 'application/json', 'a2a-version': '1.0' };
 let requestSequence = 0;
 
-function sendMessageBody(id: number, text: string): string {
-  return JSON.stringify({
-    jsonrpc: '2.0',
-    id,
-    method: 'SendMessage',
-    params: { message: { messageId: randomUUID(), role: 'ROLE_USER', parts: [{ text }] } },
-  });
-}
-
-type JsonRpcAnswer = {
-  result?: { task?: { status?: { state?: string }; artifacts?: { parts?: { text?: string }[] }[] } };
-  error?: { code?: number; message?: string };
-};
+const sendMessageBody = (id: number, text: string) => rpcBody(id, 'SendMessage', sendMessageParams(text));
 
 /** null for a completed task carrying the expected artifact text, else what went wrong. */
 function judge(statusCode: number, raw: string, text: string): string | null {
-  let answer: JsonRpcAnswer;
-  try {
-    answer = JSON.parse(raw) as JsonRpcAnswer;
-  } catch {
-    return `HTTP ${statusCode}, not JSON: ${raw.slice(0, 80)}`;
-  }
-  if (answer.error) return `HTTP ${statusCode}, JSON-RPC ${answer.error.code}: ${String(answer.error.message).slice(0, 100)}`;
-  if (statusCode !== 200) return `HTTP ${statusCode}`;
-  const task = answer.result?.task;
-  if (!task) return 'result is not a task';
-  const state = task.status?.state;
-  if (state !== 'TASK_STATE_COMPLETED') return `task state ${state}`;
-  const expected = `echo: ${text}`;
-  const found = (task.artifacts ?? []).some((artifact) => (artifact.parts ?? []).some((part) => part.text === expected));
-  return found ? null : 'completed without the expected artifact text';
+  const judged = judgeSend(statusCode, raw, text, ['TASK_STATE_COMPLETED']);
+  return 'error' in judged ? judged.error : null;
 }
 
 /** One blocking SendMessage; the answer's judgement (null = success) and its latency in ms. */
@@ -710,25 +440,14 @@ async function settle(name: string): Promise<number> {
 // Postgres side: a checkpoint before each measurement (so no target inherits another's dirty
 // pages), and the bench database's own counters for the work each task cost.
 
-async function withAdmin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: adminUrl });
-  await client.connect();
-  try {
-    return await fn(client);
-  } finally {
-    await client.end();
-  }
-}
+/** An admin connection to the server the bench databases are on (the private cluster once started). */
+const withAdmin = <T>(fn: (client: pg.Client) => Promise<T>): Promise<T> => withAdminOn(fn, adminUrl);
 
 async function checkpoint(): Promise<void> {
   await withAdmin((client) => client.query('CHECKPOINT')).catch(() => undefined);
 }
 
 type DatabaseCounters = { commits: number; rollbacks: number; rowsWritten: number; backends: number };
-
-function databaseName(url: string): string {
-  return new URL(url).pathname.slice(1);
-}
 
 async function databaseCounters(name: string): Promise<DatabaseCounters> {
   return withAdmin(async (client) => {
@@ -766,24 +485,11 @@ function addDatabaseWork(result: TargetResult, before: DatabaseCounters, after: 
 }
 
 async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>): Promise<T> {
-  let name = '';
-  const server = adminUrl;
-  try {
-    return await withBenchDatabase(async (url) => {
-      name = databaseName(url);
-      liveDatabases.add(name);
-      guard({ kind: 'database', name, adminUrl: server });
-      // Before anything connects to it: the setting applies to sessions started after it.
-      if (logStatements) await withAdmin((client) => client.query(`ALTER DATABASE ${name} SET log_statement = 'all'`));
-      return fn(url);
-    }, server);
-  } finally {
-    // withBenchDatabase has dropped it by now.
-    if (name !== '') {
-      liveDatabases.delete(name);
-      unguard({ kind: 'database', name, adminUrl: server });
-    }
-  }
+  return withTrackedDatabaseOn(async (url) => {
+    // Before anything connects to it: the setting applies to sessions started after it.
+    if (logStatements) await withAdmin((client) => client.query(`ALTER DATABASE ${databaseName(url)} SET log_statement = 'all'`));
+    return fn(url);
+  }, adminUrl);
 }
 
 /** One admin connection watching a bench database during a measurement: the most backends connected to it. */
@@ -1102,7 +808,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     try {
       // Migrations once, before the processes start (they would serialize on an advisory lock anyway).
       await runCommand('keel migrate', [keelBin, 'migrate'], env);
-      const headers = { ...A2A_HEADERS };
+      const headers: Record<string, string> = { ...A2A_HEADERS };
       if (keelAuthMode === 'token') {
         const token = (await runCommand('keel clients add', [keelBin, 'clients', 'add', 'bench'], env)).trim();
         if (!/^keel_\S+$/.test(token)) throw new Error('keel clients add printed no token');
@@ -1183,26 +889,6 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
   });
 }
 
-/** Best effort: the bench's queue keys out of the shared Redis. */
-async function dropRedisKeys(prefix: string): Promise<void> {
-  try {
-    const { Redis } = await import('ioredis');
-    const redis = new Redis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
-    await redis.connect();
-    try {
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
-        cursor = next;
-        if (keys.length > 0) await redis.del(...keys);
-      } while (cursor !== '0');
-    } finally {
-      redis.disconnect();
-    }
-  } catch {
-    // Leftover keys under a random prefix do no harm.
-  }
-}
 
 type TargetPlan = { result: TargetResult; run: () => Promise<void> };
 
@@ -1253,11 +939,6 @@ function postgresLine(info: PostgresInfo): string {
     : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it`;
 }
 
-function machineLine(postgresVersion: string): string {
-  const cores = cpus();
-  const model = cores[0]?.model.trim() ?? 'unknown CPU';
-  return `machine: ${cores.length} cores (${model}), ${fmt(totalmem() / 2 ** 30)} GiB, ${platform()} ${arch()}, node ${process.version}, Postgres ${postgresVersion}; ${new Date().toISOString()}`;
-}
 
 type Summary = {
   tasksPerSecond: number;
@@ -1677,20 +1358,10 @@ async function measureAll(): Promise<number> {
   }
   report(results, postgres);
   const document = jsonDocument(results, postgres);
-  if (process.env.BENCH_JSON) writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
+  writeBenchJson(document);
   // The last line of stdout: every figure as one JSON document (`npm run bench:a2a | tail -n 1`).
   console.log(JSON.stringify(document));
   return 0;
 }
 
-main().then(
-  async (code) => {
-    await dismissWatchdog();
-    process.exit(code);
-  },
-  async (error: Error) => {
-    console.error(`bench:a2a failed: ${error.stack ?? error.message}`);
-    await dismissWatchdog();
-    process.exit(interrupted.signal.aborted ? 130 : 1);
-  },
-);
+runBench(BENCH, main, interruptOptions);

@@ -1,10 +1,10 @@
-// The backstop of a benchmark's clean-up. bench/a2a.ts starts this process (detached, plain
-// JavaScript so it starts at once, with an IPC channel) and tells it what it starts: process groups,
-// a private Postgres cluster, bench databases, temporary directories; and what it has cleaned up
-// itself. When the benchmark goes away with something still on the list (it was killed: `tsx`
-// SIGKILLs a child that does not acknowledge a relayed Ctrl-C within about 60 ms, which a busy load
-// generator may not), the IPC channel closes and this process stops and removes what is left.
-// After a normal end the list is empty and it just exits.
+// The backstop of a benchmark's clean-up. bench/keel-harness.ts starts this process for each bench
+// (detached, plain JavaScript so it starts at once, with an IPC channel) and tells it what the bench
+// starts: process groups, a private Postgres cluster, bench databases, temporary directories; and
+// what it has cleaned up itself. When the benchmark goes away with something still on the list (it
+// was killed: `tsx` SIGKILLs a child that does not acknowledge a relayed Ctrl-C within about 60 ms,
+// which a busy load generator may not), the IPC channel closes and this process stops and removes
+// what is left. After a normal end the list is empty and it just exits.
 //
 // Messages: { op: 'bye' } at a normal end, else { op: 'add' | 'remove', kind, ... }:
 //   group     { pid }              a detached child's process group: SIGTERM, SIGKILL after 15 s

@@ -10,11 +10,20 @@ import pg from 'pg';
 import { encodeMasterKey, generateMasterKey } from '../src/sealing/master-key.js';
 import { ADMIN_URL, fmt, withBenchDatabase } from './support.js';
 
-// Shared by bench:lag and bench:memory: Keel started as `node bin/keel.js start` in a child process
-// of its own (a process group of its own, so a Ctrl-C reaches only the harness, which stops the
-// children in order and drops its databases), on a fresh bench database, the queue on Redis or on
-// Postgres; environment knobs; /proc readings of a child (RSS, descriptors, limits); Prometheus
-// text parsing. Nothing here talks to anything but loopback.
+// Shared by bench:a2a, bench:lag and bench:memory: child processes in process groups of their own
+// (so a Ctrl-C reaches only the bench, which stops the children in order and drops its databases),
+// each registered with a clean-up watchdog (bench/cleanup-watchdog.mjs) that removes what a killed
+// bench left; Keel started as `node bin/keel.js start` on a fresh bench database, the queue on Redis
+// or on Postgres; environment knobs; /proc readings of a child (RSS, descriptors, limits);
+// Prometheus text parsing. Nothing here talks to anything but loopback.
+//
+// Knobs every Keel bench reads (each bench's header lists its own):
+//   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres (redis); bench:a2a takes a list,
+//                          "redis,postgres", and measures each
+//   BENCH_REDIS_URL        the Redis of the redis queue (redis://127.0.0.1:6379)
+//   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel children (warn)
+//   BENCH_JSON             also write the bench's JSON document (indented) to this file
+//   KEEL_BENCH_ADMIN_URL   the machine's Postgres admin URL (bench/support.ts)
 
 export const repoRoot = fileURLToPath(new URL('..', import.meta.url));
 
@@ -32,8 +41,18 @@ export function envKnobs(bench: string) {
     if (!Number.isFinite(value) || !check(value)) fail(`${name}: expected ${expected}, got "${raw}"`);
     return value;
   };
+  /** A comma-separated list, each item once. */
+  const list = (name: string, fallback: string): string[] => {
+    const items = (process.env[name] ?? fallback)
+      .split(',')
+      .map((item) => item.trim())
+      .filter((item) => item !== '');
+    if (items.length === 0) fail(`${name}: empty`);
+    return [...new Set(items)];
+  };
   return {
     fail,
+    list,
     positive: (name: string, fallback: number) => number(name, fallback, (value) => value > 0, 'a positive number'),
     nonNegative: (name: string, fallback: number) => number(name, fallback, (value) => value >= 0, 'a number ≥ 0'),
     positiveInt: (name: string, fallback: number) => number(name, fallback, (value) => Number.isInteger(value) && value > 0, 'a positive integer'),
@@ -42,43 +61,160 @@ export function envKnobs(bench: string) {
       if (!allowed.includes(value)) fail(`${name}: expected ${allowed.join(' or ')}, got "${value}"`);
       return value;
     },
+    /** A list of allowed values ("redis,postgres"). */
+    choices: <T extends string>(name: string, fallback: string, allowed: readonly T[]): T[] =>
+      list(name, fallback).map((item) => {
+        if (!(allowed as readonly string[]).includes(item)) fail(`${name}: unknown value "${item}" (${allowed.join(', ')})`);
+        return item as T;
+      }),
+    /** 1 or 0 (unset: 0). */
+    flag: (name: string): boolean => {
+      const value = (process.env[name] ?? '0').trim();
+      if (value !== '0' && value !== '1' && value !== '') fail(`${name}: expected 1 or 0`);
+      return value === '1';
+    },
   };
 }
 
 export type QueueBackend = 'redis' | 'postgres';
 export const redisUrl = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379';
 
+/** The opening of a bench on one Keel installation (bench:lag, bench:memory): its knobs and the queue backend (BENCH_KEEL_QUEUE). */
+export function openKeelBench(bench: string) {
+  const knobs = envKnobs(bench);
+  const queue: QueueBackend = knobs.choice('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres'] as const);
+  return { knobs, queue };
+}
+
+/** BENCH_JSON: the bench's JSON document, indented, to that file. */
+export function writeBenchJson(document: unknown): void {
+  if (process.env.BENCH_JSON) writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
+}
+
+/**
+ * Runs a bench's main (once its knobs are parsed) with the interrupt handlers and the watchdog in
+ * place, and exits with its code; the watchdog is dismissed after the bench cleaned up.
+ */
+export function runBench(bench: string, main: () => Promise<number>, interruptOptions: InterruptOptions = {}): void {
+  installInterruptHandlers(bench, interruptOptions);
+  main().then(
+    async (code) => {
+      await dismissWatchdog();
+      process.exit(code);
+    },
+    async (error: Error) => {
+      if (interrupted.signal.aborted) console.error(`${bench}: interrupted; the servers are stopped and the bench databases dropped`);
+      else console.error(`${bench} failed: ${error.stack ?? error.message}`);
+      await dismissWatchdog();
+      process.exit(interrupted.signal.aborted ? 130 : 1);
+    },
+  );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Interruption: the first SIGINT/SIGTERM aborts `interrupted` (every wait and request listens on
-// it; the benches then stop Keel and drop their databases), a later one kills the children.
+// it; the benches then stop their servers and drop their databases), a later one exits at once,
+// killing the children and leaving the rest to the watchdog.
 
 export const interrupted = new AbortController();
 setMaxListeners(0, interrupted.signal);
 const liveChildren = new Set<ManagedChild>();
 const liveDatabases = new Set<string>();
 
-export function installInterruptHandlers(bench: string): void {
+export type InterruptOptions = {
+  /** What a forced exit leaves for the operator to remove, when no watchdog will (else the bench databases are named). */
+  leftBehind?: () => string | null;
+  /** At exit, after the children are killed. */
+  onExit?: () => void;
+};
+
+function installInterruptHandlers(bench: string, options: InterruptOptions = {}): void {
+  startWatchdog();
   let firstSignalAt = 0;
   const onSignal = (signal: NodeJS.Signals) => {
     const now = Date.now();
     if (firstSignalAt === 0) {
       firstSignalAt = now;
-      console.error(`\n${bench}: ${signal}, stopping Keel and dropping the bench database (again to force)`);
+      console.error(`\n${bench}: ${signal}, stopping the servers and dropping the bench databases (again to force)`);
       interrupted.abort(new Error(`interrupted by ${signal}`));
       return;
     }
-    // tsx relays a terminal's Ctrl-C a second time within ~30 ms; only a later one means "force".
+    // One Ctrl-C can arrive twice: from the terminal and relayed by tsx (which re-sends when it has
+    // not heard back from this process within 30 ms). Only a later one means "force".
     if (now - firstSignalAt < 500) return;
-    for (const child of liveChildren) child.kill('SIGKILL');
-    if (liveDatabases.size > 0) console.error(`${bench}: left behind, drop by hand: ${[...liveDatabases].join(', ')}`);
+    // The 'exit' listener kills the children; the watchdog drops the databases and removes the rest.
+    if (!watchdogConnected()) {
+      const left = options.leftBehind?.() ?? (liveDatabases.size > 0 ? `drop by hand: ${[...liveDatabases].join(', ')}` : null);
+      if (left) console.error(`${bench}: left behind, ${left}`);
+    }
     process.exit(130);
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   process.on('exit', () => {
     for (const child of liveChildren) child.kill('SIGKILL');
+    options.onExit?.();
   });
 }
+
+// The backstop: a watchdog process that stops and removes whatever the bench started and did not
+// clean up itself, should the bench be killed (tsx SIGKILLs a child that does not acknowledge a
+// relayed Ctrl-C within about 60 ms, which a busy load generator may not).
+export type Guarded =
+  | { kind: 'group'; pid: number }
+  | { kind: 'postgres'; pid: number; dir: string }
+  | { kind: 'database'; name: string; adminUrl: string }
+  | { kind: 'dir'; path: string };
+
+let watchdog: ChildProcess | null = null;
+
+function startWatchdog(): void {
+  if (watchdog) return;
+  try {
+    watchdog = spawn(process.execPath, [fileURLToPath(new URL('./cleanup-watchdog.mjs', import.meta.url))], {
+      cwd: repoRoot,
+      detached: true,
+      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+    });
+    watchdog.on('error', () => undefined);
+    watchdog.unref();
+    watchdog.channel?.unref();
+  } catch {
+    watchdog = null;
+  }
+}
+
+/** Whether the watchdog is there to clean up after a forced exit. */
+export function watchdogConnected(): boolean {
+  return watchdog?.connected === true;
+}
+
+function tellWatchdog(op: 'add' | 'remove', item: Guarded): void {
+  if (!watchdog?.connected) return;
+  try {
+    watchdog.send({ op, ...item }, () => undefined);
+  } catch {
+    // The watchdog is gone: the clean-up in this process still runs.
+  }
+}
+
+/** At the end, after the bench cleaned up itself: the watchdog may go. */
+async function dismissWatchdog(): Promise<void> {
+  const current = watchdog;
+  if (!current?.connected) return;
+  await new Promise<void>((resolve) => {
+    try {
+      current.send({ op: 'bye' }, () => resolve());
+    } catch {
+      resolve();
+    }
+  });
+}
+
+/** Puts something the bench started on the watchdog's list (a no-op without a watchdog). */
+export const guard = (item: Guarded) => tellWatchdog('add', item);
+/** Takes it off again once the bench removed it itself. */
+export const unguard = (item: Guarded) => tellWatchdog('remove', item);
 
 export function throwIfInterrupted(): void {
   if (interrupted.signal.aborted) throw interrupted.signal.reason as Error;
@@ -102,11 +238,21 @@ export function sleep(ms: number): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Child processes.
 
+export type ManagedChildOptions = {
+  env?: NodeJS.ProcessEnv;
+  /** An IPC channel to the child (the SDK server wants one). */
+  ipc?: boolean;
+  /** Keep the whole stdout apart (a command whose answer is on stdout): see `stdout`. */
+  captureStdout?: boolean;
+};
+
 export class ManagedChild {
   readonly process: ChildProcess;
   private readonly output: string[] = [];
   /** The first lines the child printed, kept for good (e.g. the inspector's URL). */
   readonly firstLines: string[] = [];
+  /** The whole stdout, under captureStdout. */
+  private stdoutText = '';
   readonly exited: Promise<number | null>;
   private hasExited = false;
 
@@ -114,10 +260,17 @@ export class ManagedChild {
     readonly name: string,
     command: string,
     args: string[],
-    env: NodeJS.ProcessEnv,
+    options: ManagedChildOptions = {},
   ) {
-    this.process = spawn(command, args, { cwd: repoRoot, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    this.process = spawn(command, args, {
+      cwd: repoRoot,
+      env: options.env ?? process.env,
+      detached: true,
+      stdio: options.ipc ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
+    });
     liveChildren.add(this);
+    const pid = this.process.pid;
+    if (pid !== undefined) guard({ kind: 'group', pid });
     const keep = (chunk: Buffer) => {
       for (const line of chunk.toString('utf8').split('\n')) {
         if (line.trim() === '') continue;
@@ -126,12 +279,18 @@ export class ManagedChild {
         if (this.firstLines.length < 40) this.firstLines.push(line);
       }
     };
-    this.process.stdout?.on('data', keep);
+    if (options.captureStdout) {
+      // Kept apart from the output tail: it may hold a secret (a client token) that error messages must not show.
+      this.process.stdout?.on('data', (chunk: Buffer) => (this.stdoutText += chunk.toString('utf8')));
+    } else {
+      this.process.stdout?.on('data', keep);
+    }
     this.process.stderr?.on('data', keep);
     this.exited = new Promise((resolve) => {
       this.process.on('exit', (code, signal) => {
         this.hasExited = true;
         liveChildren.delete(this);
+        if (pid !== undefined) unguard({ kind: 'group', pid });
         resolve(code ?? (signal ? 128 : null));
       });
       this.process.on('error', (error) => {
@@ -149,6 +308,11 @@ export class ManagedChild {
 
   get running(): boolean {
     return !this.hasExited;
+  }
+
+  /** The whole stdout, under captureStdout. */
+  get stdout(): string {
+    return this.stdoutText;
   }
 
   tail(lines = 15): string {
@@ -175,6 +339,23 @@ export class ManagedChild {
   }
 }
 
+/** Runs a short command as a managed child (stopped on Ctrl-C like the servers); its stdout, or an error with its output. */
+export async function runCommand(name: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs = 120_000): Promise<string> {
+  const child = new ManagedChild(name, process.execPath, args, { env, captureStdout: true });
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const onAbort = () => child.kill('SIGTERM');
+  interrupted.signal.addEventListener('abort', onAbort, { once: true });
+  try {
+    const code = await child.exited;
+    throwIfInterrupted();
+    if (code !== 0) throw new Error(`${name} failed (exit ${code}):\n${child.tail()}`);
+    return child.stdout;
+  } finally {
+    clearTimeout(timer);
+    interrupted.signal.removeEventListener('abort', onAbort);
+  }
+}
+
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
@@ -185,6 +366,13 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/** `count` distinct free ports (each free when asked; a server started right after takes it). */
+export async function freePorts(count: number): Promise<number[]> {
+  const ports = new Set<number>();
+  while (ports.size < count) ports.add(await freePort());
+  return [...ports];
 }
 
 /** Polls `url` until it answers 200; fails when the child exits first or after `timeoutMs`. */
@@ -214,20 +402,30 @@ export function databaseName(url: string): string {
   return new URL(url).pathname.slice(1);
 }
 
-export async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>): Promise<T> {
-  return withBenchDatabase(async (url) => {
-    const name = databaseName(url);
-    liveDatabases.add(name);
-    try {
-      return await fn(url);
-    } finally {
+/**
+ * A fresh bench database on the server at `adminUrl` for `fn`, dropped afterwards; named on a
+ * forced exit and put on the watchdog's list meanwhile.
+ */
+export async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>, adminUrl: string = ADMIN_URL): Promise<T> {
+  let name = '';
+  try {
+    return await withBenchDatabase(async (url) => {
+      name = databaseName(url);
+      liveDatabases.add(name);
+      guard({ kind: 'database', name, adminUrl });
+      return fn(url);
+    }, adminUrl);
+  } finally {
+    // withBenchDatabase has dropped it by now.
+    if (name !== '') {
       liveDatabases.delete(name);
+      unguard({ kind: 'database', name, adminUrl });
     }
-  });
+  }
 }
 
-export async function withAdmin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: ADMIN_URL });
+export async function withAdmin<T>(fn: (client: pg.Client) => Promise<T>, adminUrl: string = ADMIN_URL): Promise<T> {
+  const client = new pg.Client({ connectionString: adminUrl });
   await client.connect();
   try {
     return await fn(client);
@@ -272,6 +470,7 @@ export function newInstallation(): { queuePrefix: string; masterKey: string } {
 /** `node bin/keel.js start` (role all) on the given database, auth off, loopback only; resolves once /readyz answers 200. */
 export async function startKeelProcess(options: KeelStartOptions): Promise<KeelChild> {
   const dataDir = mkdtempSync(join(tmpdir(), 'keel-bench-'));
+  guard({ kind: 'dir', path: dataDir });
   const configFile = join(dataDir, 'keel.config.yaml');
   // A config file of the bench's own, so a keel.config.yaml in the working directory cannot change the run.
   writeFileSync(configFile, options.configYaml ?? '# bench: everything comes from the environment\n');
@@ -293,12 +492,12 @@ export async function startKeelProcess(options: KeelStartOptions): Promise<KeelC
   if (options.queue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
   if (options.inspector) env.NODE_OPTIONS = `${env.NODE_OPTIONS ?? ''} --inspect=127.0.0.1:0`.trim();
   const origin = `http://127.0.0.1:${port}`;
-  const child = new ManagedChild(options.name, process.execPath, [join(repoRoot, 'bin/keel.js'), 'start'], env);
+  const child = new ManagedChild(options.name, process.execPath, [join(repoRoot, 'bin/keel.js'), 'start'], { env });
   try {
     await waitUntilReady(child, `${origin}/readyz`, 90_000);
   } catch (error) {
     await child.stop();
-    rmSync(dataDir, { recursive: true, force: true });
+    removeDataDir(dataDir);
     throw error;
   }
   return { child, origin, port, dataDir };
@@ -340,8 +539,13 @@ export async function collectGarbage(url: string): Promise<void> {
 
 export async function stopKeelProcess(keel: KeelChild): Promise<number | null> {
   const code = await keel.child.stop(20_000);
-  rmSync(keel.dataDir, { recursive: true, force: true });
+  removeDataDir(keel.dataDir);
   return code;
+}
+
+function removeDataDir(path: string): void {
+  rmSync(path, { recursive: true, force: true });
+  unguard({ kind: 'dir', path });
 }
 
 /** Best effort: the bench's queue keys out of the shared Redis. */

@@ -1,4 +1,3 @@
-import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import pg from 'pg';
 import { Pool } from 'undici';
@@ -7,14 +6,14 @@ import {
   A2A_HEADERS,
   countError,
   dropRedisKeys,
-  envKnobs,
-  installInterruptHandlers,
   interrupted,
   judgeSend,
   machineLine,
   newInstallation,
+  openKeelBench,
   postgresVersion,
   rpcBody,
+  runBench,
   scrapeMetrics,
   sendMessageParams,
   sleep,
@@ -22,6 +21,7 @@ import {
   stopKeelProcess,
   throwIfInterrupted,
   withTrackedDatabase,
+  writeBenchJson,
   type KeelChild,
 } from './keel-harness.js';
 
@@ -60,28 +60,23 @@ import {
 //                             or returns at once (configuration.returnImmediately)
 //   BENCH_LAG_RATE            nonblocking only: tasks/s offered over all clients (0 = as fast as
 //                             the clients go, which floods the queue and makes the drain long)
-//   BENCH_KEEL_QUEUE          redis | postgres (redis; Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379)
 //   BENCH_KEEL_PROCESSES      Keel processes (role all) sharing database and queue (1); clients are
 //                             spread over them
 //   BENCH_METRICS_INTERVAL_MS /metrics scrape interval during the window (1000; 0 = no scraping)
 //   BENCH_DRAIN_SECONDS       after the window, how long to wait for the last runs to be projected (120)
-//   BENCH_KEEL_LOG_LEVEL      KEEL_LOG_LEVEL of the Keel children (warn)
-//   BENCH_JSON                also write the JSON document to this file
-//   KEEL_BENCH_ADMIN_URL      Postgres admin URL (bench/support.ts)
+// and the knobs every Keel bench reads (bench/keel-harness.ts): BENCH_KEEL_QUEUE (redis | postgres),
+// BENCH_REDIS_URL, BENCH_KEEL_LOG_LEVEL, BENCH_JSON, KEEL_BENCH_ADMIN_URL.
 
 const BENCH = 'bench:lag';
-const knobs = envKnobs(BENCH);
+const { knobs, queue } = openKeelBench(BENCH);
 const seconds = knobs.positive('BENCH_SECONDS', 20);
 const warmupSeconds = knobs.nonNegative('BENCH_WARMUP_SECONDS', 2);
 const concurrency = knobs.positiveInt('BENCH_CONCURRENCY', 32);
 const mode = knobs.choice('BENCH_LAG_MODE', 'blocking', ['blocking', 'nonblocking'] as const);
 const rate = knobs.nonNegative('BENCH_LAG_RATE', 0);
-const queue = knobs.choice('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres'] as const);
 const processes = knobs.positiveInt('BENCH_KEEL_PROCESSES', 1);
 const metricsIntervalMs = knobs.nonNegative('BENCH_METRICS_INTERVAL_MS', 1000);
 const drainSeconds = knobs.nonNegative('BENCH_DRAIN_SECONDS', 120);
-
-installInterruptHandlers(BENCH);
 
 const TERMINAL_RUN = `('completed', 'failed', 'cancelled')`;
 const TERMINAL_TASK = `('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED')`;
@@ -463,7 +458,7 @@ async function main(): Promise<number> {
           metrics: document.metrics && { lagTasksMean: metricStats.tasks.mean, lagTasksMax: metricStats.tasks.max, lagRevisionsMax: metricStats.revisions.max },
         }),
       );
-      if (process.env.BENCH_JSON) writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
+      writeBenchJson(document);
       return 0;
     } finally {
       await db.end().catch(() => undefined);
@@ -473,11 +468,4 @@ async function main(): Promise<number> {
   });
 }
 
-main().then(
-  (code) => process.exit(code),
-  (error: Error) => {
-    if (interrupted.signal.aborted) console.error(`${BENCH}: interrupted; Keel is stopped and the bench database dropped`);
-    else console.error(`${BENCH} failed: ${error.stack ?? error.message}`);
-    process.exit(interrupted.signal.aborted ? 130 : 1);
-  },
-);
+runBench(BENCH, main);

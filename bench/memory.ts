@@ -1,6 +1,5 @@
 import { spawnSync } from 'node:child_process';
 import { setMaxListeners } from 'node:events';
-import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import pg from 'pg';
 import { Pool } from 'undici';
@@ -11,20 +10,20 @@ import {
   countError,
   descendantsOf,
   dropRedisKeys,
-  envKnobs,
   inspectorUrl,
-  installInterruptHandlers,
   interrupted,
   judgeSend,
   machineLine,
   mib,
   newInstallation,
+  openKeelBench,
   postgresVersion,
   procDescriptors,
   procMemory,
   procOpenFileLimit,
   processCommand,
   rpcBody,
+  runBench,
   scrapeMetrics,
   sendMessageParams,
   servingProcess,
@@ -33,6 +32,7 @@ import {
   stopKeelProcess,
   throwIfInterrupted,
   withTrackedDatabase,
+  writeBenchJson,
   type KeelChild,
 } from './keel-harness.js';
 
@@ -77,13 +77,11 @@ import {
 //                                 taken after a full GC forced through it (HeapProfiler.collectGarbage),
 //                                 so heap figures are live data, not garbage; 0: no inspector, no
 //                                 forced GC (1)
-//   BENCH_KEEL_QUEUE              redis | postgres (redis; Redis at BENCH_REDIS_URL)
-//   BENCH_KEEL_LOG_LEVEL          KEEL_LOG_LEVEL of the Keel child (warn)
-//   BENCH_JSON                    also write the JSON document to this file
-//   KEEL_BENCH_ADMIN_URL          Postgres admin URL (bench/support.ts)
+// and the knobs every Keel bench reads (bench/keel-harness.ts): BENCH_KEEL_QUEUE (redis | postgres),
+// BENCH_REDIS_URL, BENCH_KEEL_LOG_LEVEL, BENCH_JSON, KEEL_BENCH_ADMIN_URL.
 
 const BENCH = 'bench:memory';
-const knobs = envKnobs(BENCH);
+const { knobs, queue } = openKeelBench(BENCH);
 const taskCount = knobs.positiveInt('BENCH_MEMORY_TASKS', 100_000);
 const streamCount = knobs.positiveInt('BENCH_MEMORY_STREAMS', 1000);
 const progressEvery = knobs.positiveInt('BENCH_MEMORY_PROGRESS_EVERY', 10_000);
@@ -93,10 +91,7 @@ const openConcurrency = knobs.positiveInt('BENCH_MEMORY_OPEN_CONCURRENCY', 64);
 const settleSeconds = knobs.nonNegative('BENCH_MEMORY_SETTLE_SECONDS', 3);
 const holdSeconds = knobs.positive('BENCH_MEMORY_HOLD_SECONDS', 600);
 if (holdSeconds > 600) knobs.fail('BENCH_MEMORY_HOLD_SECONDS: at most 600 (the scripted provider allows delayMs ≤ 600000)');
-const queue = knobs.choice('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres'] as const);
 const forceGc = knobs.choice('BENCH_MEMORY_GC', '1', ['0', '1'] as const) === '1';
-
-installInterruptHandlers(BENCH);
 
 const CONFIG_YAML = `# bench:memory: the default echo agent and a hold agent whose tasks stay open
 providers:
@@ -540,7 +535,7 @@ async function main(): Promise<number> {
           streams: document.streams,
         }),
       );
-      if (process.env.BENCH_JSON) writeFileSync(process.env.BENCH_JSON, `${JSON.stringify(document, null, 2)}\n`);
+      writeBenchJson(document);
       return 0;
     } finally {
       await db.end().catch(() => undefined);
@@ -553,11 +548,4 @@ async function main(): Promise<number> {
   });
 }
 
-main().then(
-  (code) => process.exit(code),
-  (error: Error) => {
-    if (interrupted.signal.aborted) console.error(`${BENCH}: interrupted; Keel is stopped and the bench database dropped`);
-    else console.error(`${BENCH} failed: ${error.stack ?? error.message}`);
-    process.exit(interrupted.signal.aborted ? 130 : 1);
-  },
-);
+runBench(BENCH, main);

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { generateClientToken, hashClientToken, looksLikeClientToken, tokenHint } from './client-token.js';
+import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from './token-row.js';
 
 // The `clients` table (sql/0003_clients.sql): inbound A2A clients and their hashed tokens. A token
 // is shown once, by createClient, and never stored; expected failures are values, not exceptions.
@@ -22,37 +23,9 @@ export function clientNameProblem(name: string): string | null {
 }
 
 /** What may be shown about a client: never its token nor the token's hash. */
-export type ClientInfo = {
-  id: string;
-  name: string;
-  /** The token's last four characters. */
-  tokenHint: string;
-  createdAt: number;
-  lastUsedAt: number | null;
-  revokedAt: number | null;
-};
+export type ClientInfo = TokenHolderInfo;
 
 export type AuthenticatedClient = { id: string; name: string };
-
-const clientInfoRow = z.object({
-  id: z.string().uuid(),
-  name: z.string(),
-  token_hint: z.string(),
-  created_at: z.number(),
-  last_used_at: z.number().nullable(),
-  revoked_at: z.number().nullable(),
-});
-type ClientInfoRow = z.infer<typeof clientInfoRow>;
-const infoColumns = sql.fragment`id, name, token_hint, created_at, last_used_at, revoked_at`;
-
-const toInfo = (row: ClientInfoRow): ClientInfo => ({
-  id: row.id,
-  name: row.name,
-  tokenHint: row.token_hint,
-  createdAt: row.created_at,
-  lastUsedAt: row.last_used_at,
-  revokedAt: row.revoked_at,
-});
 
 export type CreateClientResult =
   | { ok: true; client: ClientInfo; token: string }
@@ -68,11 +41,11 @@ export async function createClient(db: Db, name: string): Promise<CreateClientRe
   if (problem !== null) return { ok: false, reason: 'invalid_name', message: problem };
   const token = generateClientToken();
   try {
-    const row = await db.one(sql.type(clientInfoRow)`
+    const row = await db.one(sql.type(tokenHolderRow)`
       INSERT INTO clients (id, name, token_hash, token_hint)
       VALUES (${randomUUID()}, ${name}, ${sql.binary(hashClientToken(token))}, ${tokenHint(token)})
-      RETURNING ${infoColumns}`);
-    return { ok: true, client: toInfo(row), token };
+      RETURNING ${tokenHolderColumns}`);
+    return { ok: true, client: toTokenHolderInfo(row), token };
   } catch (error) {
     // The partial unique index on active names decides between concurrent creators.
     if (error instanceof UniqueIntegrityConstraintViolationError && error.constraint === 'clients_active_name_key') {
@@ -84,11 +57,11 @@ export async function createClient(db: Db, name: string): Promise<CreateClientRe
 
 /** Clients by creation time (the anonymous client is internal and never listed). */
 export async function listClients(db: Db, options: { includeRevoked?: boolean } = {}): Promise<readonly ClientInfo[]> {
-  const rows = await db.any(sql.type(clientInfoRow)`
-    SELECT ${infoColumns} FROM clients
+  const rows = await db.any(sql.type(tokenHolderRow)`
+    SELECT ${tokenHolderColumns} FROM clients
     WHERE id <> ${ANONYMOUS_CLIENT.id} ${options.includeRevoked ? sql.fragment`` : sql.fragment`AND revoked_at IS NULL`}
     ORDER BY created_at, name, id`);
-  return rows.map(toInfo);
+  return rows.map(toTokenHolderInfo);
 }
 
 const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -100,12 +73,12 @@ const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 export async function findClient(db: Db, nameOrId: string): Promise<ClientInfo | null> {
   const id = UUID_PATTERN.test(nameOrId) ? nameOrId.toLowerCase() : null;
   const byId = sql.fragment`coalesce(id = ${id}::uuid, false)`;
-  const row = await db.maybeOne(sql.type(clientInfoRow)`
-    SELECT ${infoColumns} FROM clients
+  const row = await db.maybeOne(sql.type(tokenHolderRow)`
+    SELECT ${tokenHolderColumns} FROM clients
     WHERE id <> ${ANONYMOUS_CLIENT.id} AND (${byId} OR name = ${nameOrId})
     ORDER BY (${byId}) DESC, (revoked_at IS NULL) DESC, created_at DESC
     LIMIT 1`);
-  return row === null ? null : toInfo(row);
+  return row === null ? null : toTokenHolderInfo(row);
 }
 
 export type RevokeClientResult = { ok: true; client: ClientInfo } | { ok: false; reason: 'not_found' | 'already_revoked' };
@@ -114,11 +87,11 @@ export type RevokeClientResult = { ok: true; client: ClientInfo } | { ok: false;
 export async function revokeClient(db: Db, nameOrId: string): Promise<RevokeClientResult> {
   const found = await findClient(db, nameOrId);
   if (found === null) return { ok: false, reason: 'not_found' };
-  const row = await db.maybeOne(sql.type(clientInfoRow)`
+  const row = await db.maybeOne(sql.type(tokenHolderRow)`
     UPDATE clients SET revoked_at = now()
     WHERE id = ${found.id} AND revoked_at IS NULL
-    RETURNING ${infoColumns}`);
-  return row === null ? { ok: false, reason: 'already_revoked' } : { ok: true, client: toInfo(row) };
+    RETURNING ${tokenHolderColumns}`);
+  return row === null ? { ok: false, reason: 'already_revoked' } : { ok: true, client: toTokenHolderInfo(row) };
 }
 
 export type AuthenticateTokenResult = { ok: true; client: AuthenticatedClient } | { ok: false };

@@ -1,57 +1,53 @@
 /**
- * IP literal parsing and the refused ranges of the address guard (DESIGN.md, "Address guard").
+ * IP literals and the refused ranges of the address guard (docs/push.md, "Address guard").
  *
  * Pure: no I/O, no DNS. Input is an IP literal as it comes from a resolver answer or from a URL
  * hostname already normalised by WHATWG URL parsing (IPv6 with or without brackets, an optional
  * `%zone` suffix is ignored). Numeric host *forms* (2130706433, 0x7f.1, ...) are not this module's
  * business: see `host-forms.ts`; here an IPv4 literal must be a strict dotted quad.
  *
+ * Node decides what is an IP literal (`net.isIP`) and prints IPv6 canonically (the WHATWG host
+ * parser), `net.BlockList` does the range tests, and ipaddr.js gives the 16-bit groups of an IPv6
+ * address, which BlockList does not expose but which name the IPv4 address carried inside one.
+ *
  * Fail closed: a string that is not an IP literal is reported as refused (range `not an IP address`),
  * so a broken resolver answer can never be mistaken for a public address.
  */
+import { BlockList, isIPv4, isIPv6 } from 'node:net';
+import ipaddr from 'ipaddr.js';
 
-/** One IPv4 CIDR block with a human name. `base` is the network address as an unsigned 32-bit int. */
-type V4Block = { readonly cidr: string; readonly name: string; readonly base: number; readonly prefix: number };
+/** One refused CIDR block with a human name, as a one-rule BlockList so that a hit can be named. */
+type Block = { readonly cidr: string; readonly name: string; readonly list: BlockList };
 
-function v4Block(cidr: string, name: string): V4Block {
-  const [addr, bits] = cidr.split('/') as [string, string];
-  const base = parseIPv4(addr);
-  if (base === undefined) throw new Error(`bad IPv4 block ${cidr}`);
-  return { cidr, name, base, prefix: Number(bits) };
+function block(cidr: string, name: string): Block {
+  const [network, bits] = cidr.split('/') as [string, string];
+  const list = new BlockList();
+  list.addSubnet(network, Number(bits), network.includes(':') ? 'ipv6' : 'ipv4');
+  return { cidr, name, list };
 }
 
-/** The refused IPv4 ranges, in DESIGN.md order. */
-export const REFUSED_IPV4_BLOCKS: readonly V4Block[] = [
-  v4Block('0.0.0.0/8', 'this network'),
-  v4Block('10.0.0.0/8', 'private'),
-  v4Block('100.64.0.0/10', 'carrier-grade NAT'),
-  v4Block('127.0.0.0/8', 'loopback'),
-  v4Block('169.254.0.0/16', 'link-local'),
-  v4Block('172.16.0.0/12', 'private'),
-  v4Block('192.0.0.0/24', 'IETF protocol assignments'),
-  v4Block('192.168.0.0/16', 'private'),
-  v4Block('198.18.0.0/15', 'benchmarking'),
-  v4Block('224.0.0.0/4', 'multicast'),
-  v4Block('240.0.0.0/4', 'reserved and broadcast'),
+/** The refused IPv4 ranges, in the order docs/push.md lists them. */
+export const REFUSED_IPV4_BLOCKS: readonly Block[] = [
+  block('0.0.0.0/8', 'this network'),
+  block('10.0.0.0/8', 'private'),
+  block('100.64.0.0/10', 'carrier-grade NAT'),
+  block('127.0.0.0/8', 'loopback'),
+  block('169.254.0.0/16', 'link-local'),
+  block('172.16.0.0/12', 'private'),
+  block('192.0.0.0/24', 'IETF protocol assignments'),
+  block('192.168.0.0/16', 'private'),
+  block('198.18.0.0/15', 'benchmarking'),
+  block('224.0.0.0/4', 'multicast'),
+  block('240.0.0.0/4', 'reserved and broadcast'),
 ];
 
-/** One IPv6 block: a 128-bit prefix given as 8 groups and a prefix length. */
-type V6Block = { readonly cidr: string; readonly name: string; readonly groups: readonly number[]; readonly prefix: number };
-
-function v6Block(cidr: string, name: string): V6Block {
-  const [addr, bits] = cidr.split('/') as [string, string];
-  const groups = parseIPv6(addr);
-  if (groups === undefined) throw new Error(`bad IPv6 block ${cidr}`);
-  return { cidr, name, groups, prefix: Number(bits) };
-}
-
 /** The refused IPv6 ranges that are refused whatever follows the prefix. */
-export const REFUSED_IPV6_BLOCKS: readonly V6Block[] = [
-  v6Block('::/128', 'unspecified'),
-  v6Block('::1/128', 'loopback'),
-  v6Block('fc00::/7', 'unique local'),
-  v6Block('fe80::/10', 'link-local'),
-  v6Block('ff00::/8', 'multicast'),
+export const REFUSED_IPV6_BLOCKS: readonly Block[] = [
+  block('::/128', 'unspecified'),
+  block('::1/128', 'loopback'),
+  block('fc00::/7', 'unique local'),
+  block('fe80::/10', 'link-local'),
+  block('ff00::/8', 'multicast'),
 ];
 
 /**
@@ -59,36 +55,43 @@ export const REFUSED_IPV6_BLOCKS: readonly V6Block[] = [
  * IPv4 range (a kernel, a NAT64 gateway or a 6to4 relay would deliver them to that IPv4 address).
  * `offset` is the index of the first of the two 16-bit groups holding the IPv4 address.
  */
-type V6Embedding = V6Block & { readonly offset: number };
+type Embedding = Block & { readonly offset: number };
 
-export const IPV4_EMBEDDING_IPV6_BLOCKS: readonly V6Embedding[] = [
-  { ...v6Block('::ffff:0:0/96', 'IPv4-mapped'), offset: 6 },
-  { ...v6Block('::/96', 'IPv4-compatible'), offset: 6 },
-  { ...v6Block('::ffff:0:0:0/96', 'IPv4-translated'), offset: 6 },
-  { ...v6Block('64:ff9b::/96', 'NAT64'), offset: 6 },
-  { ...v6Block('2002::/16', '6to4'), offset: 1 },
+export const IPV4_EMBEDDING_IPV6_BLOCKS: readonly Embedding[] = [
+  { ...block('::ffff:0:0/96', 'IPv4-mapped'), offset: 6 },
+  { ...block('::/96', 'IPv4-compatible'), offset: 6 },
+  { ...block('::ffff:0:0:0/96', 'IPv4-translated'), offset: 6 },
+  { ...block('64:ff9b::/96', 'NAT64'), offset: 6 },
+  { ...block('2002::/16', '6to4'), offset: 1 },
 ];
 
 export type RangeCheck = { refused: true; range: string } | { refused: false };
 
-export type ParsedIp = { family: 4; value: number } | { family: 6; groups: number[] };
+/** An IPv6 address is kept in its canonical text (RFC 5952, no zone) and its eight 16-bit groups. */
+type ParsedIp = { family: 4; text: string } | { family: 6; text: string; groups: number[] };
 
-/**
- * A strict dotted quad: four decimal components 0..255 without leading zeros. Returns the address as
- * an unsigned 32-bit integer, or undefined.
- */
-export function parseIPv4(text: string): number | undefined {
-  const match = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/.exec(text);
-  if (match === null) return undefined;
-  let value = 0;
-  for (let i = 1; i <= 4; i += 1) {
-    const part = match[i] as string;
-    if (part.length > 1 && part.startsWith('0')) return undefined;
-    const n = Number(part);
-    if (n > 255) return undefined;
-    value = value * 256 + n;
+function parseIp(input: string): ParsedIp | undefined {
+  if (isIPv4(input)) return { family: 4, text: input };
+  const literal = input.startsWith('[') && input.endsWith(']') ? input.slice(1, -1) : input;
+  // Node's parser is the gate (it also insists on a strict dotted-quad tail).
+  if (!isIPv6(literal)) return undefined;
+  const zone = literal.indexOf('%');
+  let text: string;
+  try {
+    // The WHATWG host parser prints the canonical text the guard compares URL hosts with.
+    text = new URL(`http://[${zone === -1 ? literal : literal.slice(0, zone)}]/`).hostname.slice(1, -1);
+  } catch {
+    return undefined;
   }
-  return value;
+  // ipaddr.js reads the groups from that all-hex text: it would read `::a.b.c.d` itself as the
+  // IPv4-mapped `::ffff:a.b.c.d`, which is another address.
+  return { family: 6, text, groups: ipaddr.IPv6.parse(text).parts };
+}
+
+/** A strict dotted quad (no leading zeros) as an unsigned 32-bit integer, or undefined. */
+export function parseIPv4(text: string): number | undefined {
+  if (!isIPv4(text)) return undefined;
+  return ipaddr.IPv4.parse(text).octets.reduce((value, octet) => value * 256 + octet, 0);
 }
 
 /** Formats an unsigned 32-bit integer as a dotted quad. */
@@ -100,54 +103,9 @@ export function formatIPv4(value: number): string {
  * An IPv6 literal (brackets and a `%zone` suffix allowed), with an optional trailing dotted quad.
  * Returns the eight 16-bit groups, or undefined.
  */
-export function parseIPv6(input: string): number[] | undefined {
-  let text = input;
-  if (text.startsWith('[') && text.endsWith(']')) text = text.slice(1, -1);
-  const zone = text.indexOf('%');
-  if (zone !== -1) text = text.slice(0, zone);
-  if (text === '' || !/^[0-9a-fA-F:.]+$/.test(text)) return undefined;
-
-  const halves = text.split('::');
-  if (halves.length > 2) return undefined;
-  const parseHalf = (half: string, allowV4Tail: boolean): number[] | undefined => {
-    if (half === '') return [];
-    const out: number[] = [];
-    const pieces = half.split(':');
-    for (let i = 0; i < pieces.length; i += 1) {
-      const piece = pieces[i] as string;
-      if (piece.includes('.')) {
-        if (!allowV4Tail || i !== pieces.length - 1) return undefined;
-        const v4 = parseIPv4(piece);
-        if (v4 === undefined) return undefined;
-        out.push(v4 >>> 16, v4 & 0xffff);
-      } else {
-        if (!/^[0-9a-fA-F]{1,4}$/.test(piece)) return undefined;
-        out.push(parseInt(piece, 16));
-      }
-    }
-    return out;
-  };
-
-  if (halves.length === 1) {
-    const groups = parseHalf(halves[0] as string, true);
-    return groups !== undefined && groups.length === 8 ? groups : undefined;
-  }
-  const head = parseHalf(halves[0] as string, false);
-  const tail = parseHalf(halves[1] as string, true);
-  if (head === undefined || tail === undefined) return undefined;
-  const missing = 8 - head.length - tail.length;
-  // `::` stands for at least one group of zeros.
-  if (missing < 1) return undefined;
-  return [...head, ...new Array<number>(missing).fill(0), ...tail];
-}
-
-/** Parses an IPv4 (strict dotted quad) or IPv6 literal. */
-export function parseIp(text: string): ParsedIp | undefined {
-  const v4 = parseIPv4(text);
-  if (v4 !== undefined) return { family: 4, value: v4 };
-  const v6 = parseIPv6(text);
-  if (v6 !== undefined) return { family: 6, groups: v6 };
-  return undefined;
+export function parseIPv6(text: string): number[] | undefined {
+  const parsed = parseIp(text);
+  return parsed?.family === 6 ? parsed.groups : undefined;
 }
 
 /** 4, 6, or 0 when `text` is not an IP literal (same convention as `net.isIP`). */
@@ -155,73 +113,27 @@ export function ipFamily(text: string): 0 | 4 | 6 {
   return parseIp(text)?.family ?? 0;
 }
 
-/** Canonical text of an IP literal (RFC 5952 for IPv6, no brackets), or undefined. */
+/** Canonical text of an IP literal (RFC 5952 for IPv6, no brackets, no zone), or undefined. */
 export function canonicalIp(text: string): string | undefined {
-  const parsed = parseIp(text);
-  if (parsed === undefined) return undefined;
-  if (parsed.family === 4) return formatIPv4(parsed.value);
-  return formatIPv6(parsed.groups);
+  return parseIp(text)?.text;
 }
 
-/** RFC 5952 text of eight groups: lowercase, the longest run (>= 2) of zero groups as `::`. */
-export function formatIPv6(groups: readonly number[]): string {
-  let bestStart = -1;
-  let bestLength = 0;
-  for (let i = 0; i < groups.length; ) {
-    if (groups[i] !== 0) {
-      i += 1;
-      continue;
-    }
-    let j = i;
-    while (j < groups.length && groups[j] === 0) j += 1;
-    if (j - i > bestLength) {
-      bestStart = i;
-      bestLength = j - i;
-    }
-    i = j;
-  }
-  const hex = groups.map((g) => g.toString(16));
-  if (bestLength < 2) return hex.join(':');
-  const head = hex.slice(0, bestStart).join(':');
-  const tail = hex.slice(bestStart + bestLength).join(':');
-  return `${head}::${tail}`;
-}
-
-function inV4Block(value: number, block: V4Block): boolean {
-  if (block.prefix === 0) return true;
-  const shift = 32 - block.prefix;
-  return value >>> shift === block.base >>> shift;
-}
-
-function inV6Block(groups: readonly number[], block: V6Block): boolean {
-  let bits = block.prefix;
-  for (let i = 0; i < 8 && bits > 0; i += 1) {
-    const take = Math.min(16, bits);
-    const mask = (0xffff << (16 - take)) & 0xffff;
-    if (((groups[i] as number) & mask) !== ((block.groups[i] as number) & mask)) return false;
-    bits -= take;
-  }
-  return true;
-}
-
-function checkV4(value: number): RangeCheck {
-  for (const block of REFUSED_IPV4_BLOCKS) {
-    if (inV4Block(value, block)) return { refused: true, range: `${block.cidr} (${block.name})` };
+function checkV4(address: string): RangeCheck {
+  for (const { cidr, name, list } of REFUSED_IPV4_BLOCKS) {
+    if (list.check(address, 'ipv4')) return { refused: true, range: `${cidr} (${name})` };
   }
   return { refused: false };
 }
 
-function checkV6(groups: readonly number[]): RangeCheck {
-  for (const block of REFUSED_IPV6_BLOCKS) {
-    if (inV6Block(groups, block)) return { refused: true, range: `${block.cidr} (${block.name})` };
+function checkV6(address: string, groups: readonly number[]): RangeCheck {
+  for (const { cidr, name, list } of REFUSED_IPV6_BLOCKS) {
+    if (list.check(address, 'ipv6')) return { refused: true, range: `${cidr} (${name})` };
   }
-  for (const block of IPV4_EMBEDDING_IPV6_BLOCKS) {
-    if (!inV6Block(groups, block)) continue;
-    const embedded = (groups[block.offset] as number) * 0x10000 + (groups[block.offset + 1] as number);
+  for (const { cidr, name, list, offset } of IPV4_EMBEDDING_IPV6_BLOCKS) {
+    if (!list.check(address, 'ipv6')) continue;
+    const embedded = formatIPv4((groups[offset] as number) * 0x10000 + (groups[offset + 1] as number));
     const inner = checkV4(embedded);
-    if (inner.refused) {
-      return { refused: true, range: `${block.cidr} (${block.name}) embedding ${formatIPv4(embedded)} in ${inner.range}` };
-    }
+    if (inner.refused) return { refused: true, range: `${cidr} (${name}) embedding ${embedded} in ${inner.range}` };
   }
   return { refused: false };
 }
@@ -233,5 +145,5 @@ function checkV6(groups: readonly number[]): RangeCheck {
 export function isRefusedAddress(ip: string): RangeCheck {
   const parsed = parseIp(ip);
   if (parsed === undefined) return { refused: true, range: 'not an IP address' };
-  return parsed.family === 4 ? checkV4(parsed.value) : checkV6(parsed.groups);
+  return parsed.family === 4 ? checkV4(parsed.text) : checkV6(parsed.text, parsed.groups);
 }

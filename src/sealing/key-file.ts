@@ -69,12 +69,21 @@ function renderKeys(keys: readonly MasterKey[]): string {
   return keys.map((k) => `${encodeMasterKey(k)}\n`).join('');
 }
 
-/** Writes a 0600 temp file beside `path` and syncs it; the caller publishes it by rename or link. */
-async function writeTempFile(path: string, content: string): Promise<string> {
-  const dir = dirname(path);
-  await mkdir(dir, { recursive: true, mode: DIR_MODE });
-  const temp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
-  const handle = await open(temp, 'wx', FILE_MODE);
+/**
+ * Creates `path` (never over an existing file: 'exists' then) with mode exactly 0600 and `content`,
+ * fsync'd before it returns. A write that fails removes the file it created, so no half-written
+ * file is left where a later start would take it for a key file.
+ */
+async function createSyncedFile(path: string, content: string): Promise<CreateKeyFileResult> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, 'wx', FILE_MODE);
+  } catch (err) {
+    if (errorCode(err) === 'EEXIST') {
+      return { ok: false, reason: 'exists' };
+    }
+    throw err;
+  }
   try {
     // open() applies the umask; chmod makes the mode exactly 0600 whatever the umask is.
     await handle.chmod(FILE_MODE);
@@ -82,10 +91,21 @@ async function writeTempFile(path: string, content: string): Promise<string> {
     await handle.sync();
   } catch (err) {
     await handle.close();
-    await unlink(temp).catch(() => undefined);
+    await unlink(path).catch(() => undefined);
     throw err;
   }
   await handle.close();
+  return { ok: true };
+}
+
+/** Writes a 0600 temp file beside `path` and syncs it; the caller publishes it by rename or link. */
+async function writeTempFile(path: string, content: string): Promise<string> {
+  const dir = dirname(path);
+  await mkdir(dir, { recursive: true, mode: DIR_MODE });
+  const temp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+  const created = await createSyncedFile(temp, content);
+  // The name holds this pid and 48 random bits: an existing file there is not a race but a fault.
+  if (!created.ok) throw new Error(`the temporary key file ${temp} already exists`);
   return temp;
 }
 
@@ -147,26 +167,7 @@ export async function createKeyFileExclusive(path: string, key: MasterKey): Prom
 }
 
 async function createDirectly(path: string, content: string): Promise<CreateKeyFileResult> {
-  let handle: FileHandle;
-  try {
-    handle = await open(path, 'wx', FILE_MODE);
-  } catch (err) {
-    if (errorCode(err) === 'EEXIST') {
-      return { ok: false, reason: 'exists' };
-    }
-    throw err;
-  }
-  try {
-    await handle.chmod(FILE_MODE);
-    await handle.writeFile(content, 'utf8');
-    await handle.sync();
-  } catch (err) {
-    // A half-written file we created would block every later start; remove it.
-    await handle.close();
-    await unlink(path).catch(() => undefined);
-    throw err;
-  }
-  await handle.close();
-  await syncDir(dirname(path));
-  return { ok: true };
+  const created = await createSyncedFile(path, content);
+  if (created.ok) await syncDir(dirname(path));
+  return created;
 }

@@ -2,6 +2,7 @@ import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypt
 import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { hashClientToken, TOKEN_HINT_LENGTH } from '../auth/client-token.js';
+import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from '../auth/token-row.js';
 
 // Admin tokens and the browser sessions they open (sql/0008_admin_tokens.sql). Tokens follow the
 // client-token pattern (src/auth/client-token.ts): 256 random bits, a recognisable prefix, only
@@ -26,35 +27,18 @@ export function looksLikeAdminToken(value: string): boolean {
 
 const hash = (secret: string) => hashClientToken(secret);
 
-export type AdminTokenInfo = { id: string; name: string; tokenHint: string; createdAt: number; lastUsedAt: number | null; revokedAt: number | null };
-
-const tokenInfoRow = z.object({
-  id: z.string(),
-  name: z.string(),
-  token_hint: z.string(),
-  created_at: z.number(),
-  last_used_at: z.number().nullable(),
-  revoked_at: z.number().nullable(),
-});
-const toInfo = (row: z.infer<typeof tokenInfoRow>): AdminTokenInfo => ({
-  id: row.id,
-  name: row.name,
-  tokenHint: row.token_hint,
-  createdAt: row.created_at,
-  lastUsedAt: row.last_used_at,
-  revokedAt: row.revoked_at,
-});
+export type AdminTokenInfo = TokenHolderInfo;
 
 export async function createAdminToken(db: CommonQueryMethods, name: string): Promise<{ token: string; info: AdminTokenInfo }> {
   if (!ADMIN_NAME_PATTERN.test(name)) throw new Error('an admin token name is 1 to 64 characters among letters, digits, ".", "_" and "-"');
   for (;;) {
     const token = generateAdminToken();
     try {
-      const row = await db.one(sql.type(tokenInfoRow)`
+      const row = await db.one(sql.type(tokenHolderRow)`
         INSERT INTO admin_tokens (id, name, token_hash, token_hint)
         VALUES (${randomUUID()}, ${name}, ${sql.binary(hash(token))}, ${token.slice(-TOKEN_HINT_LENGTH)})
-        RETURNING id, name, token_hint, created_at, last_used_at, revoked_at`);
-      return { token, info: toInfo(row) };
+        RETURNING ${tokenHolderColumns}`);
+      return { token, info: toTokenHolderInfo(row) };
     } catch (error) {
       // 256 random bits do not collide; should they, draw again rather than fail.
       if (!(error instanceof UniqueIntegrityConstraintViolationError)) throw error;
@@ -63,28 +47,28 @@ export async function createAdminToken(db: CommonQueryMethods, name: string): Pr
 }
 
 export async function listAdminTokens(db: CommonQueryMethods, includeRevoked: boolean): Promise<AdminTokenInfo[]> {
-  const rows = await db.any(sql.type(tokenInfoRow)`
-    SELECT id, name, token_hint, created_at, last_used_at, revoked_at FROM admin_tokens
+  const rows = await db.any(sql.type(tokenHolderRow)`
+    SELECT ${tokenHolderColumns} FROM admin_tokens
     WHERE ${includeRevoked ? sql.fragment`true` : sql.fragment`revoked_at IS NULL`} ORDER BY created_at, id`);
-  return rows.map(toInfo);
+  return rows.map(toTokenHolderInfo);
 }
 
 /** Revokes a token by id, or by name when exactly one live token has it; its sessions end with it. */
 export async function revokeAdminToken(db: CommonQueryMethods, reference: string): Promise<{ ok: true; info: AdminTokenInfo } | { ok: false; reason: 'not_found' | 'ambiguous' }> {
   return db.transaction(async (transaction) => {
     const isUuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(reference);
-    const rows = await transaction.any(sql.type(tokenInfoRow)`
+    const rows = await transaction.any(sql.type(tokenHolderRow)`
       UPDATE admin_tokens SET revoked_at = now()
       WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}
         AND (SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}) = 1
-      RETURNING id, name, token_hint, created_at, last_used_at, revoked_at`);
+      RETURNING ${tokenHolderColumns}`);
     if (rows.length === 0) {
       const live = await transaction.oneFirst(sql.type(z.object({ n: z.number() }))`
         SELECT count(*)::int AS n FROM admin_tokens WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}`);
       return { ok: false as const, reason: live > 1 ? ('ambiguous' as const) : ('not_found' as const) };
     }
     await transaction.query(sql.unsafe`DELETE FROM admin_sessions WHERE token_id = ${rows[0]!.id}`);
-    return { ok: true as const, info: toInfo(rows[0]!) };
+    return { ok: true as const, info: toTokenHolderInfo(rows[0]!) };
   });
 }
 

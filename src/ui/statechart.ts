@@ -1,3 +1,4 @@
+import dagre, { type EdgeLabel, type GraphLabel, type NodeLabel } from '@dagrejs/dagre';
 import type { AnyStateMachine } from 'xstate';
 import { finalStates, machineEdges, machineStates, type MachineEdge } from '../../machines/transitions.js';
 import { escapeHtml } from './html.js';
@@ -6,13 +7,9 @@ import { escapeHtml } from './html.js';
 // machineEdges): a state or transition added to a machine appears in every picture. Three forms:
 // JSON, Mermaid text (stateDiagram-v2) and SVG laid out here, server-side, without a browser.
 //
-// The SVG layout is a small layered (Sugiyama-style) one, left to right: states are ranked by the
-// longest path from the initial state over the machine's edges with cycles broken by a depth-first
-// search, final states share the last column; every edge gets a label node in the column after its
-// source (as Graphviz dot does), long edges get waypoints in every column they cross, the order in
-// each column is chosen by barycenter sweeps that keep the fewest crossings, and vertical positions
-// are solved per column as an isotonic regression towards the neighbours' mean (edges straighten
-// without items overlapping). The text is monospace, so widths are known without font metrics.
+// The SVG layout is dagre's (a layered, Sugiyama-style layout, left to right; each edge label is a
+// node of its own): docs/decisions/0018-maintained-libraries-for-ranges-layout-and-logs.md says why
+// it replaced a home-made one. The text is monospace, so widths are known without font metrics.
 
 export type StateModel = { name: string; final: boolean; description: string | null };
 export type MachineModel = { id: string; initial: string | null; states: StateModel[]; edges: MachineEdge[] };
@@ -56,121 +53,41 @@ const charWidth = (fontSize: number) => fontSize * 0.6;
 const STATE_HEIGHT = 44;
 const LOOP_SPACE = 30;
 const LABEL_HEIGHT = 15;
-const COLUMN_GAP = 30;
 const MARGIN = 16;
 const INITIAL_SPACE = 30;
 
-type ItemKind = 'state' | 'label' | 'waypoint';
-type Item = {
+type Point = { x: number; y: number };
+
+/** A state's box or an edge's label, placed: `x`, `y` are its centre; items of one column share `x`. */
+export type LayoutItem = {
   key: string;
-  kind: ItemKind;
+  kind: 'state' | 'label';
   column: number;
+  x: number;
+  y: number;
   width: number;
   height: number;
   /** Extra space above a state for its self-loop. */
   top: number;
-  y: number;
-  left: string[];
-  right: string[];
   text?: string;
   guarded?: boolean;
 };
 
-type Route = { from: string; to: string; events: string[]; guarded: boolean; items: string[]; back: boolean };
+/** The transitions from one state to another, drawn as one edge through `points`. */
+type Route = { from: string; to: string; events: string[]; guarded: boolean; back: boolean; points: Point[] };
 type SelfLoop = { state: string; events: string[]; guarded: boolean };
 
 export type Layout = {
   width: number;
   height: number;
-  items: Map<string, Item & { x: number }>;
+  items: Map<string, LayoutItem>;
   routes: Route[];
   loops: SelfLoop[];
   model: MachineModel;
 };
 
-function ranks(model: MachineModel, pairs: Array<{ from: string; to: string }>): { rank: Map<string, number>; back: Set<string> } {
-  const names = model.states.map((state) => state.name);
-  const out = new Map(names.map((name) => [name, [] as string[]]));
-  for (const pair of pairs) out.get(pair.from)?.push(pair.to);
-  const back = new Set<string>();
-  const visited = new Set<string>();
-  const onStack = new Set<string>();
-  const visit = (name: string) => {
-    visited.add(name);
-    onStack.add(name);
-    for (const next of out.get(name) ?? []) {
-      if (onStack.has(next)) back.add(`${name}\u0000${next}`);
-      else if (!visited.has(next)) visit(next);
-    }
-    onStack.delete(name);
-  };
-  if (model.initial && out.has(model.initial)) visit(model.initial);
-  for (const name of names) if (!visited.has(name)) visit(name);
-
-  // Longest path over the forward edges, in a topological order.
-  const forward = pairs.filter((pair) => !back.has(`${pair.from}\u0000${pair.to}`));
-  const indegree = new Map(names.map((name) => [name, 0]));
-  for (const pair of forward) indegree.set(pair.to, indegree.get(pair.to)! + 1);
-  const rank = new Map(names.map((name) => [name, 0]));
-  const ready = names.filter((name) => indegree.get(name) === 0);
-  while (ready.length > 0) {
-    const name = ready.shift()!;
-    for (const pair of forward.filter((candidate) => candidate.from === name)) {
-      rank.set(pair.to, Math.max(rank.get(pair.to)!, rank.get(name)! + 1));
-      indegree.set(pair.to, indegree.get(pair.to)! - 1);
-      if (indegree.get(pair.to) === 0) ready.push(pair.to);
-    }
-  }
-  // Final states share the last column.
-  const finals = model.states.filter((state) => state.final).map((state) => state.name);
-  const others = names.filter((name) => !finals.includes(name));
-  const lastOther = Math.max(0, ...others.map((name) => rank.get(name)!));
-  if (others.length > 0) for (const name of finals) rank.set(name, lastOther + 1);
-  return { rank, back };
-}
-
-function crossings(columns: Item[][], items: Map<string, Item>): number {
-  let total = 0;
-  for (let column = 0; column + 1 < columns.length; column += 1) {
-    const position = new Map(columns[column + 1]!.map((item, index) => [item.key, index]));
-    const segments: Array<[number, number]> = [];
-    columns[column]!.forEach((item, index) => {
-      for (const key of item.right) segments.push([index, position.get(key) ?? 0]);
-    });
-    for (let a = 0; a < segments.length; a += 1) {
-      for (let b = a + 1; b < segments.length; b += 1) {
-        const [a0, a1] = segments[a]!;
-        const [b0, b1] = segments[b]!;
-        if ((a0 < b0 && a1 > b1) || (a0 > b0 && a1 < b1)) total += 1;
-      }
-    }
-  }
-  void items;
-  return total;
-}
-
-/** Minimises Σ (y_i − d_i)² subject to y_{i+1} ≥ y_i + gap_i (pool adjacent violators). */
-function placeInOrder(desired: number[], minGaps: number[]): number[] {
-  const offsets: number[] = [0];
-  for (let index = 1; index < desired.length; index += 1) offsets.push(offsets[index - 1]! + minGaps[index - 1]!);
-  const targets = desired.map((value, index) => value - offsets[index]!);
-  const blocks: Array<{ value: number; weight: number; count: number }> = [];
-  for (const target of targets) {
-    blocks.push({ value: target, weight: 1, count: 1 });
-    while (blocks.length > 1 && blocks[blocks.length - 2]!.value > blocks[blocks.length - 1]!.value) {
-      const last = blocks.pop()!;
-      const previous = blocks.pop()!;
-      const weight = previous.weight + last.weight;
-      blocks.push({ value: (previous.value * previous.weight + last.value * last.weight) / weight, weight, count: previous.count + last.count });
-    }
-  }
-  const result: number[] = [];
-  for (const block of blocks) for (let index = 0; index < block.count; index += 1) result.push(block.value + offsets[result.length]!);
-  return result;
-}
-
 export function layoutMachine(model: MachineModel): Layout {
-  const pairsByKey = new Map<string, Route>();
+  const routesByKey = new Map<string, Route>();
   const loops = new Map<string, SelfLoop>();
   for (const edge of model.edges) {
     if (edge.from === edge.to) {
@@ -181,131 +98,55 @@ export function layoutMachine(model: MachineModel): Layout {
       continue;
     }
     const key = `${edge.from}\u0000${edge.to}`;
-    const route = pairsByKey.get(key) ?? { from: edge.from, to: edge.to, events: [], guarded: false, items: [], back: false };
+    const route = routesByKey.get(key) ?? { from: edge.from, to: edge.to, events: [], guarded: false, back: false, points: [] };
     if (!route.events.includes(edge.event)) route.events.push(edge.event);
     route.guarded ||= edge.guarded;
-    pairsByKey.set(key, route);
+    routesByKey.set(key, route);
   }
-  const routes = [...pairsByKey.values()];
-  const { rank, back } = ranks(model, routes);
+  const routes = [...routesByKey.values()];
 
-  const items = new Map<string, Item>();
-  const lastColumn = 2 * Math.max(0, ...[...rank.values()]);
-  const columns: Item[][] = Array.from({ length: lastColumn + 1 }, () => []);
-  const add = (item: Item) => {
-    items.set(item.key, item);
-    columns[item.column]!.push(item);
-  };
+  // dagre ranks the states left to right, makes each edge label a node of its own, orders the
+  // ranks to keep crossings few and routes every edge; self-loops are drawn above their state.
+  const graph = new dagre.graphlib.Graph<GraphLabel, NodeLabel, EdgeLabel>({ directed: true, multigraph: false });
+  graph.setGraph({ rankdir: 'LR', ranksep: 28, nodesep: 14, edgesep: 8, marginx: MARGIN, marginy: MARGIN });
+  graph.setDefaultEdgeLabel(() => ({}));
   for (const state of model.states) {
     const loop = loops.get(state.name);
     const labelWidth = loop ? loop.events.join(', ').length * charWidth(LABEL_FONT) : 0;
-    add({
-      key: `s:${state.name}`,
-      kind: 'state',
-      column: 2 * rank.get(state.name)!,
+    graph.setNode(state.name, {
       width: Math.max(state.name.length * charWidth(STATE_FONT) + 22, 64, labelWidth + 8),
       height: STATE_HEIGHT + (loop ? LOOP_SPACE : 0),
-      top: loop ? LOOP_SPACE : 0,
-      y: 0,
-      left: [],
-      right: [],
     });
+  }
+  for (const route of routes) {
+    const text = route.events.join(', ');
+    graph.setEdge(route.from, route.to, { width: text.length * charWidth(LABEL_FONT) + 8, height: LABEL_HEIGHT, labelpos: 'c' });
+  }
+  dagre.layout(graph);
+
+  // Room on the left for the initial state's arrow.
+  const shift = model.initial ? INITIAL_SPACE : 0;
+  const items = new Map<string, LayoutItem>();
+  for (const state of model.states) {
+    const node = graph.node(state.name);
+    const loop = loops.has(state.name);
+    items.set(`s:${state.name}`, { key: `s:${state.name}`, kind: 'state', column: 0, x: node.x! + shift, y: node.y!, width: node.width, height: node.height, top: loop ? LOOP_SPACE : 0 });
   }
   routes.forEach((route, index) => {
-    route.back = back.has(`${route.from}\u0000${route.to}`);
-    const [low, high] = route.back ? [route.to, route.from] : [route.from, route.to];
-    const start = 2 * rank.get(low)!;
-    const end = 2 * rank.get(high)!;
-    const labelColumn = route.back ? end - 1 : start + 1;
-    const chain = [`s:${low}`];
-    for (let column = start + 1; column < end; column += 1) {
-      const key = `e:${index}:${column}`;
-      const isLabel = column === labelColumn;
-      const text = route.events.join(', ');
-      add({
-        key,
-        kind: isLabel ? 'label' : 'waypoint',
-        column,
-        width: isLabel ? text.length * charWidth(LABEL_FONT) + 8 : 0,
-        height: isLabel ? LABEL_HEIGHT : 4,
-        top: 0,
-        y: 0,
-        left: [],
-        right: [],
-        ...(isLabel ? { text, guarded: route.guarded } : {}),
-      });
-      chain.push(key);
-    }
-    chain.push(`s:${high}`);
-    for (let link = 0; link + 1 < chain.length; link += 1) {
-      items.get(chain[link]!)!.right.push(chain[link + 1]!);
-      items.get(chain[link + 1]!)!.left.push(chain[link]!);
-    }
-    // Drawn from the edge's source to its target.
-    route.items = route.back ? [...chain].reverse() : chain;
+    const edge = graph.edge(route.from, route.to);
+    const text = route.events.join(', ');
+    items.set(`e:${index}`, { key: `e:${index}`, kind: 'label', column: 0, x: edge.x! + shift, y: edge.y!, width: edge.width!, height: LABEL_HEIGHT, top: 0, text, guarded: route.guarded });
+    const source = items.get(`s:${route.from}`)!;
+    const target = items.get(`s:${route.to}`)!;
+    route.back = target.x < source.x;
+    route.points = (edge.points ?? []).map((point: Point) => ({ x: point.x + shift, y: point.y }));
   });
+  // Columns: the distinct centres, left to right (dagre centres every item of a rank on one line).
+  const columns = [...new Set([...items.values()].map((item) => Math.round(item.x)))].sort((a, b) => a - b);
+  for (const item of items.values()) item.column = columns.indexOf(Math.round(item.x));
 
-  // Order within columns: barycenter sweeps, keeping the order with the fewest crossings.
-  const indexOf = () => new Map(columns.flatMap((column) => column.map((item, index) => [item.key, index] as const)));
-  const sortBy = (column: Item[], neighbours: (item: Item) => string[], position: Map<string, number>) => {
-    const keyed = column.map((item, index) => {
-      const around = neighbours(item).map((key) => position.get(key)!);
-      return { item, value: around.length > 0 ? around.reduce((sum, value) => sum + value, 0) / around.length : index, index };
-    });
-    keyed.sort((a, b) => a.value - b.value || a.index - b.index);
-    column.splice(0, column.length, ...keyed.map((entry) => entry.item));
-  };
-  let best = columns.map((column) => [...column]);
-  let fewest = crossings(columns, items);
-  for (let sweep = 0; sweep < 12 && fewest > 0; sweep += 1) {
-    if (sweep % 2 === 0) for (let column = 1; column < columns.length; column += 1) sortBy(columns[column]!, (item) => item.left, indexOf());
-    else for (let column = columns.length - 2; column >= 0; column -= 1) sortBy(columns[column]!, (item) => item.right, indexOf());
-    const count = crossings(columns, items);
-    if (count < fewest) {
-      fewest = count;
-      best = columns.map((column) => [...column]);
-    }
-  }
-  best.forEach((column, index) => columns[index]!.splice(0, columns[index]!.length, ...column));
-
-  // Vertical positions (item centres), per column towards the mean of the neighbours' centres.
-  const gapBetween = (a: Item, b: Item) => (a.kind === 'state' && b.kind === 'state' ? 16 : a.kind === 'state' || b.kind === 'state' ? 10 : 5);
-  const centre = (item: Item) => item.y;
-  for (const column of columns) {
-    let cursor = 0;
-    column.forEach((item, index) => {
-      if (index > 0) cursor += gapBetween(column[index - 1]!, item);
-      item.y = cursor + item.height / 2;
-      cursor += item.height;
-    });
-  }
-  for (let sweep = 0; sweep < 24; sweep += 1) {
-    const order = sweep % 2 === 0 ? columns : [...columns].reverse();
-    for (const column of order) {
-      if (column.length === 0) continue;
-      const desired = column.map((item) => {
-        const around = [...item.left, ...item.right].map((key) => items.get(key)!);
-        // A state's anchor is the centre of its box, below any self-loop space.
-        const anchor = (other: Item) => centre(other) + other.top / 2;
-        return around.length > 0 ? around.reduce((sum, other) => sum + anchor(other), 0) / around.length - item.top / 2 : item.y;
-      });
-      const gaps = column.slice(1).map((item, index) => gapBetween(column[index]!, item) + column[index]!.height / 2 + item.height / 2);
-      const placed = placeInOrder(desired, gaps);
-      column.forEach((item, index) => (item.y = placed[index]!));
-    }
-  }
-
-  // Coordinates.
-  const minTop = Math.min(...[...items.values()].map((item) => item.y - item.height / 2));
-  const widths = columns.map((column) => Math.max(column.length === 0 ? 8 : 0, ...column.map((item) => item.width)));
-  const placed = new Map<string, Item & { x: number }>();
-  let x = MARGIN + (model.initial ? INITIAL_SPACE : 0);
-  columns.forEach((column, index) => {
-    for (const item of column) placed.set(item.key, { ...item, y: item.y - minTop + MARGIN, x: x + widths[index]! / 2 });
-    x += widths[index]! + (index + 1 < columns.length ? COLUMN_GAP : 0);
-  });
-  const height = Math.max(...[...placed.values()].map((item) => item.y + item.height / 2)) + MARGIN;
-  return { width: Math.ceil(x + MARGIN), height: Math.ceil(height), items: placed, routes, loops: [...loops.values()], model };
+  const { width, height } = graph.graph();
+  return { width: Math.ceil((width ?? 0) + shift), height: Math.ceil(height ?? 0), items, routes, loops: [...loops.values()], model };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,40 +190,46 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   const stateBox = (name: string) => {
     const item = layout.items.get(`s:${name}`)!;
     const top = item.y - item.height / 2 + item.top;
-    return { left: item.x - item.width / 2, right: item.x + item.width / 2, top, bottom: top + STATE_HEIGHT, cy: top + STATE_HEIGHT / 2, cx: item.x, width: item.width };
+    const cy = top + STATE_HEIGHT / 2;
+    return { left: item.x - item.width / 2, right: item.x + item.width / 2, top, bottom: top + STATE_HEIGHT, cy, cx: item.x, width: item.width, centre: { x: item.x, y: cy } };
   };
 
-  // Ports: the edges meeting one side of a state are spread over its height, in the order of the
-  // items they lead to, so they leave and arrive without crossing at the box.
-  const ports = new Map<string, number>();
-  const sides = new Map<string, Array<{ key: string; towards: number }>>();
-  const endpoint = (state: string, side: 'left' | 'right', key: string, neighbour: string) => {
-    const list = sides.get(`${state}\u0000${side}`) ?? [];
-    list.push({ key, towards: layout.items.get(neighbour)!.y });
-    sides.set(`${state}\u0000${side}`, list);
-  };
+  // Edges meet a state on the side facing their next point (the layout runs left to right). dagre
+  // aims every edge at the centre of its node, and that node includes the space above a self-loop;
+  // the ends are spread over the box's side instead, in the order of the points they come from, so
+  // that edges leave and arrive without crossing at the box.
+  type End = { route: number; end: 'start' | 'end'; x: number; towards: number };
+  const sides = new Map<string, End[]>();
   layout.routes.forEach((route, index) => {
-    endpoint(route.from, route.back ? 'left' : 'right', `${index}:start`, route.items[1]!);
-    endpoint(route.to, route.back ? 'right' : 'left', `${index}:end`, route.items[route.items.length - 2]!);
+    const inner = route.points.slice(1, -1);
+    const ends: Array<[string, 'start' | 'end', Point]> = [
+      [route.from, 'start', inner[0] ?? stateBox(route.to).centre],
+      [route.to, 'end', inner[inner.length - 1] ?? stateBox(route.from).centre],
+    ];
+    for (const [state, end, towards] of ends) {
+      const box = stateBox(state);
+      const side = towards.x >= box.cx ? 'right' : 'left';
+      const list = sides.get(`${state}\u0000${side}`) ?? [];
+      list.push({ route: index, end, x: side === 'right' ? box.right + 1 : box.left - 1, towards: towards.y });
+      sides.set(`${state}\u0000${side}`, list);
+    }
   });
+  const ports = new Map<string, Point>();
   for (const [sideKey, list] of sides) {
     const box = stateBox(sideKey.split('\u0000')[0]!);
     list.sort((a, b) => a.towards - b.towards);
     const span = Math.min(STATE_HEIGHT - 12, (list.length - 1) * 7);
-    list.forEach((entry, index) => ports.set(entry.key, box.cy - span / 2 + (list.length > 1 ? (index * span) / (list.length - 1) : 0)));
+    list.forEach((entry, index) => {
+      ports.set(`${entry.route}:${entry.end}`, { x: entry.x, y: box.cy - span / 2 + (list.length > 1 ? (index * span) / (list.length - 1) : 0) });
+    });
   }
 
   // Edges first, states over them.
   layout.routes.forEach((route, index) => {
-    const source = stateBox(route.from);
-    const target = stateBox(route.to);
-    const waypoints = route.items.slice(1, -1).map((key) => layout.items.get(key)!);
-    const forward = !route.back;
-    const start = { x: forward ? source.right : source.left, y: ports.get(`${index}:start`)! };
-    const end = { x: forward ? target.left - 1 : target.right + 1, y: ports.get(`${index}:end`)! };
+    const points = [ports.get(`${index}:start`)!, ...route.points.slice(1, -1), ports.get(`${index}:end`)!];
     const title = `${route.from} → ${route.to}: ${route.events.join(', ')}${route.guarded ? ' (guarded)' : ''}`;
     parts.push(
-      `<path class="edge${route.back ? ' back' : ''}" d="${curveThrough([start, ...waypoints.map((item) => ({ x: item.x, y: item.y })), end])}" marker-end="url(#${id}-arrow)"><title>${escapeHtml(title)}</title></path>`,
+      `<path class="edge${route.back ? ' back' : ''}" d="${curveThrough(points)}" marker-end="url(#${id}-arrow)"><title>${escapeHtml(title)}</title></path>`,
     );
   });
   for (const item of layout.items.values()) {

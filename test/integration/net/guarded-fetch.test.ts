@@ -172,6 +172,13 @@ describe('refused without allowHosts', () => {
     expect(c).toMatchObject({ ok: false, kind: 'refused', refusal: { reason: 'refused_range', host: '[::1]', address: '::1' } });
     const d = await f({ url: `http://[::ffff:127.0.0.1]:${v4.port}/echo`, timeoutMs: 2000 });
     expect(d).toMatchObject({ ok: false, kind: 'refused', refusal: { reason: 'refused_range' } });
+    // The same IPv4-mapped address in its hexadecimal spelling.
+    const e = await f({ url: `http://[::ffff:7f00:1]:${v4.port}/echo`, timeoutMs: 2000 });
+    expect(e).toMatchObject({
+      ok: false,
+      kind: 'refused',
+      refusal: { reason: 'refused_range', address: '::ffff:7f00:1', range: '::ffff:0:0/96 (IPv4-mapped) embedding 127.0.0.1 in 127.0.0.0/8 (loopback)' },
+    });
     expect(v4.seen.length).toBe(before);
   });
 

@@ -164,5 +164,9 @@ describe('IP literal parsing', () => {
     expect(canonicalIp('::ffff:127.0.0.1')).toBe('::ffff:7f00:1');
     expect(canonicalIp('[0:0:0:0:0:0:0:1]')).toBe('::1');
     expect(canonicalIp('2001:db8:0:0:1:0:0:1')).toBe('2001:db8::1:0:0:1');
+    // The deprecated IPv4-compatible spelling is its own address, not the IPv4-mapped one.
+    expect(canonicalIp('::127.0.0.1')).toBe('::7f00:1');
+    expect(parseIPv6('::127.0.0.1')).toEqual([0, 0, 0, 0, 0, 0, 0x7f00, 1]);
+    expect(canonicalIp('fe80::1%eth0')).toBe('fe80::1');
   });
 });
