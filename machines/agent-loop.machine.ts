@@ -1,6 +1,6 @@
 import { assign, fromPromise, setup } from 'xstate';
 import type { ReplyOutcome, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
-import { turnDigest } from '../src/runs/turn-digest.js';
+import { turnDigest } from './turn-digest.js';
 import type { TerminationReason } from './run.machine.js';
 
 // The agent loop of one run, as an actor: checkpoint (lease and cancellation), input guardrails,

@@ -1,5 +1,5 @@
 import { setup } from 'xstate';
-import { TASK_STATES, type TaskState } from '../src/a2a/wire.js';
+import { TASK_STATES, type TaskState } from '../src/protocol/wire.js';
 
 // The A2A task, as its client sees it (DESIGN.md, "Task"). A task's state is derived from its
 // current run: the trigger keel_sync_task_state (sql/0004_a2a_tasks.sql) writes a2a_tasks.state in
@@ -23,6 +23,7 @@ export type TaskEvent =
   | { type: 'COMPLETE' }
   | { type: 'FAIL' }
   | { type: 'DEAD_LETTER' }
+  | { type: 'APPROVAL_TIMED_OUT' }
   | { type: 'REJECT' }
   | { type: 'CANCEL' };
 
@@ -42,6 +43,7 @@ export const taskMachine = setup({ types: { events: {} as TaskEvent } }).createM
         SUSPEND_FOR_INPUT: 'TASK_STATE_INPUT_REQUIRED',
         COMPLETE: 'TASK_STATE_COMPLETED',
         DEAD_LETTER: 'TASK_STATE_FAILED',
+        APPROVAL_TIMED_OUT: 'TASK_STATE_FAILED',
         REQUEUE: 'TASK_STATE_SUBMITTED',
         ...ended,
       },

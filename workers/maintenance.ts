@@ -4,10 +4,10 @@ import { z } from 'zod';
 import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { timeOutApprovals } from '../src/runs/approval-timeout.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
-import type { KeelContext } from '../src/runtime/keel-context.js';
+import type { KeelContext } from '../src/context/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
 import { foldTaskCountDeltas } from '../src/tasks/task-counts.js';
-import { wakePendingHeads } from './push-delivery.js';
+import { wakePendingHeads } from '../src/push/wake-deliveries.js';
 
 // The maintenance queue's processor. The sweep is the repair path of the outbox rule: every debt
 // recorded in Postgres whose job is missing gets its job again, so wiping Redis loses no work.

@@ -1,7 +1,5 @@
 import type { Job } from 'bullmq';
-import { sql } from 'slonik';
-import { z } from 'zod';
-import { PUSH_AUTH_SCHEME } from '../src/a2a/wire.js';
+import { PUSH_AUTH_SCHEME } from '../src/protocol/wire.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import { describeRefusal } from '../src/net/guarded-fetch.js';
 import {
@@ -17,7 +15,7 @@ import {
 import type { DeliveryOptions } from '../src/push/delivery-options.js';
 import { pushConfigContext } from '../src/push/push-config-repository.js';
 import { deliveryJobId } from '../src/queue/job-ids.js';
-import type { KeelContext } from '../src/runtime/keel-context.js';
+import type { KeelContext } from '../src/context/keel-context.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
 
 // The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
@@ -186,54 +184,4 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     }
     return outcome;
   };
-}
-
-const headRow = z.object({ id: z.string(), attempts: z.number(), next_attempt_at: z.number() });
-
-/**
- * The due head (earliest pending delivery) of each config with pending work, optionally of one
- * config. Not before it is due: a head waiting for its retry, or with an attempt in flight (leased),
- * has its own job; and a delivery behind it is not a head.
- */
-function dueHeads(scope: ReturnType<typeof sql.fragment>) {
-  return sql.type(headRow)`
-    SELECT id, attempts, next_attempt_at FROM (
-      SELECT DISTINCT ON (d.task_id, d.config_id) d.id, d.attempts, d.next_attempt_at
-      FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
-      WHERE d.state = 'pending' AND (c.state <> 'paused' OR c.deleted_at IS NOT NULL) AND ${scope}
-      ORDER BY d.task_id, d.config_id, d.event_sequence
-    ) heads
-    WHERE next_attempt_at <= now()
-    LIMIT 1000`;
-}
-
-/** Wakes the head delivery of every config that has pending work (sweeper, resume). */
-export async function wakePendingHeads(context: Pick<KeelContext, 'pool' | 'queues'>, filter?: { taskId: string; configId: string }): Promise<number> {
-  const heads = await context.pool.any(
-    dueHeads(filter ? sql.fragment`d.task_id = ${filter.taskId} AND d.config_id = ${filter.configId}` : sql.fragment`true`),
-  );
-  let added = 0;
-  for (const head of heads) {
-    const outcome = await context.queues.ensureJob('push', deliveryJobId(head.id, head.attempts), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
-    if (outcome === 'added') added += 1;
-  }
-  return added;
-}
-
-/**
- * After the projector's commit: a wake-up for the due head of each config that got new
- * deliveries, not a job per delivery. A delivery behind an earlier one of its config gets no job:
- * the earlier one wakes it when it ends (otherwise a burst of events queues thousands of jobs that
- * only find they must wait, ahead of the wake-ups that move each config on). Looking for heads
- * after the commit closes the race with a delivery ending meanwhile: whichever of the two commits
- * last sees the other's row.
- */
-export async function wakeHeadsOfNewDeliveries(context: Pick<KeelContext, 'pool' | 'queues'>, deliveryIds: readonly string[]): Promise<void> {
-  if (deliveryIds.length === 0) return;
-  const heads = await context.pool.any(
-    dueHeads(sql.fragment`(d.task_id, d.config_id) IN (SELECT task_id, config_id FROM push_deliveries WHERE id = ANY(${sql.array([...deliveryIds], 'uuid')}))`),
-  );
-  for (const head of heads) {
-    await context.queues.addJob('push', deliveryJobId(head.id, head.attempts), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
-  }
 }

@@ -22,7 +22,7 @@ import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
-import { completeRun } from '../src/runs/complete-run.js';
+import { completeRun } from '../src/tasks/complete-run.js';
 import { isConnectionError } from '../src/db/pool.js';
 import { LeaseKeeper } from '../src/runs/lease-keeper.js';
 import { appendRunOutputs, outputFromEmission, scrubRunOutputs } from '../src/runs/run-output-repository.js';
@@ -40,7 +40,7 @@ import {
 import { runRequestSchema } from '../src/runs/run-request.js';
 import { runJobId } from '../src/queue/job-ids.js';
 import type { RunRow } from '../src/runs/run-row.js';
-import type { KeelContext } from '../src/runtime/keel-context.js';
+import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 
 // The runs queue's processor: claims a run, rebuilds it from its sealed request (or suspended

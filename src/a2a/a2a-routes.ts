@@ -23,7 +23,7 @@ import {
   nestsDeeperThan,
   sendMessageParamsSchema,
   subscribeParamsSchema,
-} from './wire.js';
+} from '../protocol/wire.js';
 
 // The two bindings of the A2A service: JSON-RPC 2.0 at /a2a/<agent> and HTTP+JSON under
 // /a2a/<agent>/, plus the agent cards. Both check, in this order: the agent exists, the client is

@@ -14,7 +14,7 @@ import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
 import { readJournal } from '../tasks/journal.js';
 import { JournalWait, type JournalListener } from '../tasks/journal-listener.js';
-import type { ProjectionScheduler } from '../tasks/projector.js';
+import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
   contextTranscript,
   createTaskInNewContext,
@@ -41,7 +41,7 @@ import {
   type StreamResponse,
   type Task,
   type WireMessage,
-} from './wire.js';
+} from '../protocol/wire.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { REASONS_BY_TERMINAL_STATUS, RUN_STATUSES, TERMINAL_RUN_STATUSES } from '../../machines/run.machine.js';
 import { DELIVERY_STATES } from '../../machines/delivery.machine.js';
 import { PUSH_CONFIG_STATES } from '../../machines/push-config.machine.js';
-import { TASK_STATES, TERMINAL_TASK_STATES } from '../a2a/wire.js';
+import { TASK_STATES, TERMINAL_TASK_STATES } from '../protocol/wire.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { QUEUE_NAMES } from '../queue/queue-names.js';

@@ -1,4 +1,4 @@
-import { createConformanceProvider } from '../a2a/conformance-provider.js';
+import { createConformanceProvider } from './conformance-provider.js';
 import type { ProviderConfig } from '../config/config-schema.js';
 import type { GuardedFetch } from '../net/guarded-fetch.js';
 import { createEchoProvider } from './echo-provider.js';

@@ -1,7 +1,7 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
-import type { KeelContext } from '../runtime/keel-context.js';
-import { wakePendingHeads } from '../../workers/push-delivery.js';
+import type { KeelContext } from '../context/keel-context.js';
+import { wakePendingHeads } from './wake-deliveries.js';
 import { transitionConfig } from './delivery-repository.js';
 import { MASK } from './push-config-repository.js';
 

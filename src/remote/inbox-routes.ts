@@ -6,7 +6,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import type { DatabasePool } from 'slonik';
 import { credentialMatches, getRegistration, storeCallback } from './dependency-repository.js';
 import { inboxJobId } from '../queue/job-ids.js';
-import { MAX_JSON_DEPTH, nestsDeeperThan } from '../a2a/wire.js';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 
 // POST /a2a/inbox/:registrationId — where remote agents push their task events for Keel's own
 // dependencies. Only the registration's Bearer credential is accepted (X-A2A-Notification-Token is

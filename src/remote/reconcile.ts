@@ -1,7 +1,7 @@
 import { GetTaskRequest } from '@a2a-js/sdk';
 import { sql } from 'slonik';
 import { z } from 'zod';
-import type { KeelContext } from '../runtime/keel-context.js';
+import type { KeelContext } from '../context/keel-context.js';
 import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';

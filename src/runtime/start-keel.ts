@@ -11,8 +11,9 @@ import { prepareSealing } from '../sealing/master-key-store.js';
 import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
 import { createRunExecutor } from '../../workers/run-executor.js';
-import { createProjectorProcessor } from '../../workers/projector.js';
-import { createPushDeliveryProcessor, wakeHeadsOfNewDeliveries } from '../../workers/push-delivery.js';
+import { createProjectorProcessor } from '../../workers/projection-processor.js';
+import { createPushDeliveryProcessor } from '../../workers/push-delivery.js';
+import { wakeHeadsOfNewDeliveries } from '../push/wake-deliveries.js';
 import { inboxJobId } from '../queue/job-ids.js';
 import { createInboxReconcileProcessor } from '../../workers/inbox-reconcile.js';
 import { registerInboxRoutes } from '../remote/inbox-routes.js';
@@ -23,11 +24,11 @@ import { A2AService } from '../a2a/a2a-service.js';
 import { registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
-import { ProjectionScheduler } from '../tasks/projector.js';
+import { ProjectionScheduler } from '../tasks/task-projector.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor } from '../push/delivery-options.js';
-import type { KeelContext } from './keel-context.js';
+import type { KeelContext } from '../context/keel-context.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */

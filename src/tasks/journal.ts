@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { redactValue } from '../privacy/redact.js';
 import type { Sealer } from '../sealing/sealer.js';
-import type { Artifact, Message, StreamResponse } from '../a2a/wire.js';
+import type { Artifact, Message, StreamResponse } from '../protocol/wire.js';
 
 // a2a_events: the journal streams, blocking calls and push deliveries read. Payloads are sealed
 // StreamResponses bound to (task, sequence).

@@ -1,5 +1,5 @@
 import type { StoredRunOutput } from '../runs/run-output-repository.js';
-import type { Artifact, Part } from '../a2a/wire.js';
+import type { Artifact, Part } from '../protocol/wire.js';
 
 /**
  * The task's artifacts from a run's stored outputs: chunks of one artifactId are concatenated in

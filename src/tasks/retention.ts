@@ -1,7 +1,7 @@
 import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
-import type { Message } from '../a2a/wire.js';
+import type { Message } from '../protocol/wire.js';
 import { openSealed, taskColumnContext } from './task-repository.js';
 
 // Retention: runs older than `privacy.retention.agentRun` days are removed with everything that

@@ -1,6 +1,6 @@
 import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
-import type { TaskState } from '../a2a/wire.js';
+import type { TaskState } from '../protocol/wire.js';
 
 // How many tasks an owner has per agent and state, for ListTasks' totalSize (sql/0009): the
 // folded totals plus the deltas the task trigger appended since the last fold.

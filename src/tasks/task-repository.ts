@@ -5,7 +5,7 @@ import { applyLevel } from '../privacy/apply-level.js';
 import { approvalTimedOutText } from '../runs/approval-timeout.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../a2a/wire.js';
+import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../protocol/wire.js';
 import { countTasks } from './task-counts.js';
 
 // a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the

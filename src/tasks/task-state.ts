@@ -1,5 +1,5 @@
 import type { RunStatus } from '../../machines/run.machine.js';
-import type { TaskState } from '../a2a/wire.js';
+import type { TaskState } from '../protocol/wire.js';
 
 /** The A2A state of a run's status (DESIGN.md "Task"); the database trigger keel_task_state mirrors it. */
 export function taskStateOf(status: RunStatus, failureDetail: Record<string, unknown> | null): TaskState {

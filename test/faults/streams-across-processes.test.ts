@@ -2,7 +2,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { sql, type DatabasePool } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import type { StreamResponse } from '../../src/a2a/wire.js';
+import type { StreamResponse } from '../../src/protocol/wire.js';
 import { readJournal, type JournalEvent } from '../../src/tasks/journal.js';
 import { TEST_TOOLS_MODULE } from '../support/run-helpers.js';
 import { machine, RESULTS_DIR } from './support/counts.js';

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createClient } from '../../src/auth/client-repository.js';
-import { MAX_JSON_DEPTH } from '../../src/a2a/wire.js';
+import { MAX_JSON_DEPTH } from '../../src/protocol/wire.js';
 import { callWithUnknownFields, deepValue, encode, encoding, envelope, headers, METHODS, serialize, type Raw, type World } from './a2a-arbitraries.js';
 import { expectRowsAccountedFor, expectRpcAnswer, Ledger, parseAsServer, type RpcFacts } from './a2a-oracle.js';
 import { answerKey, BODY_LIMIT, check, describeRequest, Tally, expectNoErrorsLogged, expectReady, fuzzSeed, runs, send, startFuzzKeel, startSink, type FuzzKeel, type RawRequest } from './fuzz-support.js';

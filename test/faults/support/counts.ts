@@ -6,7 +6,7 @@ import { z } from 'zod';
 import type { Sealer } from '../../../src/sealing/sealer.js';
 import { eventContext } from '../../../src/tasks/journal.js';
 import { getTaskRowById, openSealed, taskView } from '../../../src/tasks/task-repository.js';
-import type { StreamResponse, Message } from '../../../src/a2a/wire.js';
+import type { StreamResponse, Message } from '../../../src/protocol/wire.js';
 import { TERMINAL_STATES, artifactText, carries, type Load, type LoadOptions } from './load.js';
 import type { PushReceiver } from './peers.js';
 import { sleep } from './services.js';

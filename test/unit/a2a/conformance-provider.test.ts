@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { conformanceBehaviour, createConformanceProvider } from '../../../src/a2a/conformance-provider.js';
+import { conformanceBehaviour, createConformanceProvider } from '../../../src/providers/conformance-provider.js';
 
 const options = { streamTimeoutMs: 40 };
 const call = (messageId: string, signal = new AbortController().signal, iteration = 0) =>

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { runMachine, RUN_STATUSES, type RunStatus } from '../../../machines/run.machine.js';
 import { taskMachine, TASK_STATES } from '../../../machines/task.machine.js';
 import { finalStates, machineEdges, machineStates } from '../../../machines/transitions.js';
-import { TERMINAL_TASK_STATES } from '../../../src/a2a/wire.js';
+import { TERMINAL_TASK_STATES } from '../../../src/protocol/wire.js';
 import { taskStateOf } from '../../../src/tasks/task-state.js';
 
 // The task machine is the run machine seen through taskStateOf (the mapping the database trigger

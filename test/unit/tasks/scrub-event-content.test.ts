@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import type { StreamResponse } from '../../../src/a2a/wire.js';
+import type { StreamResponse } from '../../../src/protocol/wire.js';
 import { scrubEventContent } from '../../../src/tasks/journal.js';
 
 // One journal event brought down to a tightened answer ceiling: content only, ids and states kept.

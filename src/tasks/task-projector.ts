@@ -5,7 +5,7 @@ import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
 import { recordDeliveriesFor } from '../push/delivery-repository.js';
-import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../a2a/wire.js';
+import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../protocol/wire.js';
 import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
 import { failureText, openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';

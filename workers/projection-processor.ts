@@ -1,6 +1,6 @@
 import type { Job } from 'bullmq';
-import { projectRun, type ProjectionOptions, type ProjectionResult } from '../src/tasks/projector.js';
-import type { KeelContext } from '../src/runtime/keel-context.js';
+import { projectRun, type ProjectionOptions, type ProjectionResult } from '../src/tasks/task-projector.js';
+import type { KeelContext } from '../src/context/keel-context.js';
 
 // The projector queue's processor: a wake-up for a run whose committed revisions are not all in
 // the journal yet (restored by the sweeper after a crash or a lost job). Projection is idempotent

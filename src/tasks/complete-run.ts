@@ -6,11 +6,11 @@ import type { KeelLogger } from '../log/logger.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { mergeArtifacts } from '../tasks/merge-artifacts.js';
-import { scrubTaskContent, writeTaskResult } from '../tasks/task-repository.js';
-import type { Artifact, Message } from '../a2a/wire.js';
-import { appendRunOutputs, listRunOutputs } from './run-output-repository.js';
-import { settleRun, type RunTotals, type SettleResult } from './run-repository.js';
+import { mergeArtifacts } from './merge-artifacts.js';
+import { scrubTaskContent, writeTaskResult } from './task-repository.js';
+import type { Artifact, Message } from '../protocol/wire.js';
+import { appendRunOutputs, listRunOutputs } from '../runs/run-output-repository.js';
+import { settleRun, type RunTotals, type SettleResult } from '../runs/run-repository.js';
 
 export type CompletionInput = {
   runId: string;

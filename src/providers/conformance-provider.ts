@@ -1,4 +1,4 @@
-import type { ArtifactEmission, Provider, ProviderCallInput, ProviderReply, ReplyOutcome } from '../providers/provider.js';
+import type { ArtifactEmission, Provider, ProviderCallInput, ProviderReply, ReplyOutcome } from './provider.js';
 
 // The `conformance` provider: the built-in agent the A2A conformance kit (a2aproject/a2a-tck,
 // 1.0-dev) drives. It picks its behaviour by the prefix of the A2A messageId of the latest message
