@@ -52,8 +52,8 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 // Every server runs in child processes of its own, one target at a time, so neither the load
 // generator nor another server shares its event loop. Every target run gets a fresh database (and a
 // fresh Redis key prefix). Prints one table and, as its last line, a JSON document with every
-// figure; asserts nothing (DESIGN.md, Performance, gives the targets: Keel ≥ 3× the SDK on Postgres
-// and ≥ 0.5× the SDK in memory, in the same run).
+// figure; asserts nothing (docs/performance.md gives the targets: Keel ≥ 3× the SDK on Postgres and
+// ≥ 0.5× the SDK in memory, in the same run).
 //
 // Environment:
 //   BENCH_SECONDS          measured seconds per target and concurrency (10)
@@ -1098,7 +1098,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   }
   lines.push(...table(header, body, 4));
   lines.push('');
-  lines.push('÷SDK-PG, ÷SDK-mem: Keel tasks/s ÷ the SDK server on Postgres / in memory at the same concurrency in this run (DESIGN.md targets: ≥ 3× and ≥ 0.5×)');
+  lines.push('÷SDK-PG, ÷SDK-mem: Keel tasks/s ÷ the SDK server on Postgres / in memory at the same concurrency in this run (targets, docs/performance.md: ≥ 3× and ≥ 0.5×)');
   if (settleSeconds > 0) {
     lines.push('commits/req: pg_stat_database.xact_commit of the bench database over the whole phase at that concurrency (warm-up, window, drain,');
     lines.push(`  ${settleSeconds} s idle until every backend has reported) ÷ the requests sent in it; every committed transaction: reads, queue polling, sweeps too`);

@@ -63,7 +63,7 @@ await withBenchDatabase(async (databaseUrl) => {
           INSERT INTO runs (id, agent, status, termination_reason, audit_level, answer_level, task_id, revision, started_at, settled_at, created_at, updated_at, status_changed_at)
           SELECT id, 'echo', 'completed', 'completed', 'metadata', 'full', id, 3, now(), now(), now() - (g || ' seconds')::interval, now(), now()
           FROM ids RETURNING id)
-        INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, status_timestamp, answer_level, revision, projected_state, created_at)
+        INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, status_timestamp, answer_level, projected_revision, projected_state, created_at)
         SELECT id, 'ctx-' || (g / 100), ${client.client.id}::uuid, 'echo', id, 'TASK_STATE_COMPLETED', now() - (g || ' seconds')::interval, 'full', 3,
           'TASK_STATE_COMPLETED', now() - (g || ' seconds')::interval
         FROM ids`);

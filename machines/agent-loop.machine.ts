@@ -1,7 +1,7 @@
 import { assign, fromPromise, setup } from 'xstate';
 import type { ReplyOutcome, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { turnDigest } from './turn-digest.js';
-import type { TerminationReason } from './run.machine.js';
+import type { CompletionReason, TerminationReason } from './run.machine.js';
 
 // The agent loop of one run, as an actor: checkpoint (lease and cancellation), input guardrails,
 // model call, tool turn (or suspension for approval or input), answer guardrails, next round.
@@ -50,7 +50,7 @@ export type LoopState = {
 };
 
 export type LoopOutcome =
-  | { kind: 'complete'; reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>; answer: string | null; presentation?: AnswerPresentation }
+  | { kind: 'complete'; reason: CompletionReason; answer: string | null; presentation?: AnswerPresentation }
   | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
   | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };

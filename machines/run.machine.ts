@@ -1,8 +1,8 @@
 import { setup } from 'xstate';
 
-// The run lifecycle (DESIGN.md, "Run"). This machine is the single source of which transitions
-// exist: the run repository derives each guarded UPDATE's allowed-from statuses from it, and the
-// operator UI draws it. It holds no I/O.
+// The run lifecycle (docs/architecture.md, "The rooms"). This machine is the single source of which
+// transitions exist: the run repository derives each guarded UPDATE's allowed-from statuses from
+// it, and the operator UI draws it. It holds no I/O.
 
 export const RUN_STATUSES = [
   'queued',
@@ -19,38 +19,55 @@ export type RunStatus = (typeof RUN_STATUSES)[number];
 export const TERMINAL_RUN_STATUSES = ['completed', 'failed', 'cancelled'] as const satisfies readonly RunStatus[];
 export type TerminalRunStatus = (typeof TERMINAL_RUN_STATUSES)[number];
 
-export const TERMINATION_REASONS = [
-  'completed',
-  'max_iterations',
-  'budget_exhausted',
-  'policy_denied',
-  'approval_denied',
-  'provider_failed',
-  'retries_exhausted',
-  'not_retryable',
-  'result_not_retainable',
-  'cancelled',
-] as const;
-export type TerminationReason = (typeof TERMINATION_REASONS)[number];
+/** What a termination reason means: the terminal status that carries it, and what it implies. */
+type TerminationRule = {
+  status: TerminalRunStatus;
+  /** The run ends COMPLETED but its answer is cut short (iteration cap, budget stop). */
+  truncates?: true;
+  /** The failure may be worth retrying by a caller. */
+  retryable?: true;
+};
+
+/**
+ * The one table of termination reasons. Every list below is derived from it; the CHECK
+ * constraints of the `runs` table cannot import it, so test/unit/machines/termination-reasons.test.ts
+ * compares them with it.
+ */
+export const TERMINATION_REASON_RULES = {
+  completed: { status: 'completed' },
+  max_iterations: { status: 'completed', truncates: true },
+  budget_exhausted: { status: 'completed', truncates: true },
+  policy_denied: { status: 'failed' },
+  approval_denied: { status: 'failed' },
+  provider_failed: { status: 'failed', retryable: true },
+  retries_exhausted: { status: 'failed' },
+  not_retryable: { status: 'failed' },
+  result_not_retainable: { status: 'failed' },
+  cancelled: { status: 'cancelled' },
+} as const satisfies Record<string, TerminationRule>;
+export type TerminationReason = keyof typeof TERMINATION_REASON_RULES;
+/** The reasons a terminal status `S` may carry. */
+export type ReasonOfStatus<S extends TerminalRunStatus> = {
+  [R in TerminationReason]: (typeof TERMINATION_REASON_RULES)[R]['status'] extends S ? R : never;
+}[TerminationReason];
+/** The reasons of a COMPLETED run (an answer, possibly truncated). */
+export type CompletionReason = ReasonOfStatus<'completed'>;
+
+// Object keys keep their insertion order, so this is the table's order (a tuple, as z.enum wants).
+export const TERMINATION_REASONS = Object.keys(TERMINATION_REASON_RULES) as [TerminationReason, ...TerminationReason[]];
+
+const reasonsWhere = (holds: (rule: TerminationRule) => boolean): readonly TerminationReason[] =>
+  TERMINATION_REASONS.filter((reason) => holds(TERMINATION_REASON_RULES[reason]));
 
 /** Which reasons each terminal status may carry; the database enforces the same pairs. */
-export const REASONS_BY_TERMINAL_STATUS = {
-  completed: ['completed', 'max_iterations', 'budget_exhausted'],
-  failed: [
-    'policy_denied',
-    'approval_denied',
-    'provider_failed',
-    'retries_exhausted',
-    'not_retryable',
-    'result_not_retainable',
-  ],
-  cancelled: ['cancelled'],
-} as const satisfies Record<TerminalRunStatus, readonly TerminationReason[]>;
+export const REASONS_BY_TERMINAL_STATUS = Object.fromEntries(
+  TERMINAL_RUN_STATUSES.map((status) => [status, reasonsWhere((rule) => rule.status === status)]),
+) as Record<TerminalRunStatus, readonly TerminationReason[]>;
 
 /** Iteration cap and budget stop end COMPLETED but truncated. */
-export const TRUNCATING_REASONS: readonly TerminationReason[] = ['max_iterations', 'budget_exhausted'];
+export const TRUNCATING_REASONS = reasonsWhere((rule) => rule.truncates === true);
 /** Only a provider failure may be worth retrying by a caller. */
-export const RETRYABLE_REASONS: readonly TerminationReason[] = ['provider_failed'];
+export const RETRYABLE_REASONS = reasonsWhere((rule) => rule.retryable === true);
 
 export type RunEvent =
   | { type: 'CLAIM' }

@@ -1,7 +1,7 @@
 import { setup } from 'xstate';
 import { TASK_STATES, type TaskState } from '../src/protocol/wire.js';
 
-// The A2A task, as its client sees it (DESIGN.md, "Task"). A task's state is derived from its
+// The A2A task, as its client sees it. A task's state is derived from its
 // current run: the trigger keel_sync_task_state (sql/0004_a2a_tasks.sql) writes a2a_tasks.state in
 // the transaction of every run transition, by src/tasks/task-state.ts's mapping:
 //   queued -> SUBMITTED; running, waiting_for_approval, waiting_for_dependency -> WORKING;

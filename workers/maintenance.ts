@@ -56,7 +56,7 @@ export async function sweepProjectionDebts(context: Pick<KeelContext, 'pool' | '
   const debts = await context.pool.any(sql.type(debtRow)`
     SELECT r.id, r.revision FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
     WHERE t.projected_state NOT IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED')
-      AND r.revision > t.revision AND r.updated_at < now() - interval '2 seconds'
+      AND r.revision > t.projected_revision AND r.updated_at < now() - interval '2 seconds'
     ORDER BY r.updated_at LIMIT ${SWEEP_BATCH}`);
   let restored = 0;
   for (const debt of debts) {

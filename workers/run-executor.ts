@@ -1,8 +1,6 @@
 import type { Job } from 'bullmq';
 import { Ajv, type ValidateFunction } from 'ajv';
-import { sql } from 'slonik';
 import { createActor, fromPromise, toPromise } from 'xstate';
-import { z } from 'zod';
 import {
   agentLoopMachine,
   type CheckpointResult,
@@ -16,18 +14,20 @@ import {
 import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registry.js';
 import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
-import { compareLevels, type PrivacyLevel } from '../src/privacy/privacy-level.js';
-import { answerIsRetainable, tightenCeilings } from '../src/privacy/resolve-ceilings.js';
+import type { Sealer } from '../src/sealing/sealer.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
-import { isRetryableClass, type ProviderFailure, type ToolCall, type TranscriptMessage } from '../src/providers/provider.js';
+import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun } from '../src/tasks/complete-run.js';
 import { isConnectionError } from '../src/db/pool.js';
 import { LeaseKeeper } from '../src/runs/lease-keeper.js';
-import { appendRunOutputs, outputFromEmission, scrubRunOutputs } from '../src/runs/run-output-repository.js';
+import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-repository.js';
+import { applyLinkCeilings, appliedLinkIndex, providerChainOf, type RetryPolicy, type ScrubServedTask } from '../src/runs/provider-chain.js';
 import {
+  announceRunOutputs,
   claimQueuedRun,
+  lockHeldRun,
   markNonIdempotentCall,
   releaseRun,
   queuedRequestContext,
@@ -39,7 +39,7 @@ import {
 } from '../src/runs/run-repository.js';
 import { runRequestSchema } from '../src/runs/run-request.js';
 import { runJobId } from '../src/queue/job-ids.js';
-import type { RunRow } from '../src/runs/run-row.js';
+import { isFirstClaim, type RunRow } from '../src/runs/run-row.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 
@@ -47,13 +47,9 @@ import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 // turn), drives the agent loop as an XState actor, and settles, suspends or stops. Every write is
 // one of the run repository's guarded transitions; a worker that lost its lease writes nothing.
 
-export type ExecutorOptions = {
+export type ExecutorOptions = RetryPolicy & {
   leaseMs: number;
   heartbeatMs: number;
-  providerAttempts: number;
-  providerBackoffMs: number;
-  /** Longest wait before a provider retry, Retry-After included. */
-  maxBackoffMs: number;
 };
 
 export type ExecutionReport =
@@ -110,14 +106,22 @@ function toolContent(result: unknown): string {
   return text.length > TOOL_RESULT_LIMIT ? `${text.slice(0, TOOL_RESULT_LIMIT)}… (truncated)` : text;
 }
 
-const sleep = (ms: number, signal: AbortSignal) =>
-  new Promise<void>((resolve) => {
-    if (ms <= 0 || signal.aborted) return resolve();
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener('abort', () => (clearTimeout(timer), resolve()), { once: true });
-  });
-
-const ceilingRow = z.object({ status: z.string(), claimed_by: z.string().nullable(), audit_level: z.string(), answer_level: z.string(), revision: z.number() });
+/**
+ * A fallback's tightened answer ceiling reaches the task the run serves: its stored content is
+ * removed (no result can be kept) or rewritten down, and its journal with it.
+ */
+const scrubServedTaskWith =
+  (sealer: Sealer): ScrubServedTask =>
+  async (transaction, taskId, change) => {
+    if (change.answers === 'not_retainable') {
+      await scrubTaskContent(transaction, taskId);
+    } else {
+      // The task row first, as the projector locks it before it writes the journal: a
+      // projection in flight commits before the journal is read for the scrub.
+      await tightenTaskContent(transaction, sealer, taskId, change.next.answerLevel);
+    }
+    await scrubTaskJournal(transaction, sealer, taskId, change.next.answerLevel);
+  };
 
 export function createRunExecutor(
   context: KeelContext,
@@ -215,7 +219,7 @@ export function createRunExecutor(
     }
 
     // A run claimed for the first time has no audit rows yet: no need to ask for the last sequence.
-    const fresh = run.suspended_state === null && run.requeue_count === 0 && run.revision === 2;
+    const fresh = isFirstClaim(run);
     const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
     audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
     const resume = rebuilt.state.resume;
@@ -229,48 +233,23 @@ export function createRunExecutor(
     lease.onBeat = () => void audit.flushIfDue(pool, options.heartbeatMs);
     lease.start();
     slot.lease = lease;
-    let appliedProvider = agent.chain.findIndex((link) => link.provider.name === run.provider);
-    if (appliedProvider < 0) appliedProvider = 0;
-
-    /**
-     * Applies a fallback provider's ceilings under the run-row lock and scrubs stored answers if the
-     * answer ceiling tightened. For an A2A task a ceiling that no longer lets the result be kept
-     * removes every stored content in the same transaction ('not_retainable').
-     */
-    async function applyProviderCeilings(index: number): Promise<'applied' | 'lost' | 'not_retainable'> {
-      const link = agent!.chain[index]!;
-      return pool.transaction(async (transaction) => {
-        const row = await transaction.maybeOne(sql.type(ceilingRow)`
-          SELECT status, claimed_by, audit_level, answer_level, revision FROM runs WHERE id = ${runId} FOR UPDATE`);
-        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return 'lost';
-        const current = { auditLevel: row.audit_level as PrivacyLevel, answerLevel: row.answer_level as PrivacyLevel };
-        const next = tightenCeilings(current, link.ceilings);
-        const notRetainable = run!.task_id !== null && !answerIsRetainable(next.answerLevel);
-        if (notRetainable) {
-          await transaction.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${runId}`);
-          await scrubTaskContent(transaction, run!.task_id!);
-          await scrubTaskJournal(transaction, sealer, run!.task_id!, next.answerLevel);
-        } else if (compareLevels(next.answerLevel, current.answerLevel) < 0) {
-          await scrubRunOutputs(transaction, sealer, runId, next.answerLevel);
-          if (run!.task_id) {
-            // The task row first, as the projector locks it before it writes the journal: a
-            // projection in flight commits before the journal is read for the scrub.
-            await tightenTaskContent(transaction, sealer, run!.task_id, next.answerLevel);
-            await scrubTaskJournal(transaction, sealer, run!.task_id, next.answerLevel);
-          }
-        }
-        await transaction.query(sql.unsafe`
-          UPDATE runs SET audit_level = ${next.auditLevel}, answer_level = ${next.answerLevel}, provider = ${link.provider.name},
-            revision = revision + 1, updated_at = now()
-          WHERE id = ${runId}`);
-        audit.setLevel(next.auditLevel);
-        audit.record({
-          kind: 'provider_selected',
-          meta: { provider: link.provider.name, position: index, auditLevel: next.auditLevel, answerLevel: next.answerLevel, tightened: next.answerLevel !== current.answerLevel || next.auditLevel !== current.auditLevel },
-        });
-        return notRetainable ? 'not_retainable' : 'applied';
-      });
-    }
+    const scrubServedTask = scrubServedTaskWith(sealer);
+    const providerChain = providerChainOf(
+      {
+        runId,
+        chain: agent.chain,
+        tools: [...agent.tools.values()].map((tool) => ({ name: tool.name, description: tool.description, parameters: tool.parameters })),
+        policy: options,
+        audit,
+        lease,
+        switchTo: async (index) => {
+          const switched = await applyLinkCeilings(pool, sealer, { runId, workerId, taskId: run.task_id, audit }, agent.chain[index]!, index, scrubServedTask);
+          afterCommit(runId);
+          return switched;
+        },
+      },
+      appliedLinkIndex(agent.chain, run.provider),
+    );
 
     // A resumed or requeued run may have stored artifacts before: then completion reads them.
     let storedOutputs = fresh ? 0 : 1;
@@ -279,18 +258,16 @@ export function createRunExecutor(
     async function storeArtifacts(state: LoopContext, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
       if (emissions.length === 0) return true;
       return pool.transaction(async (transaction) => {
-        const row = await transaction.maybeOne(sql.type(ceilingRow)`
-          SELECT status, claimed_by, audit_level, answer_level, revision FROM runs WHERE id = ${runId} FOR UPDATE`);
-        if (!row || row.status !== 'running' || row.claimed_by !== workerId) return false;
+        const held = await lockHeldRun(transaction, runId, workerId);
+        if (!held || !(await announceRunOutputs(transaction, runId, workerId))) return false;
         await appendRunOutputs(
           transaction,
           sealer,
           runId,
-          row.revision + 1,
-          row.answer_level as PrivacyLevel,
+          held.revision + 1,
+          held.answerLevel,
           emissions.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${state.iteration}-${index}`)),
         );
-        await transaction.query(sql.unsafe`UPDATE runs SET revision = revision + 1, updated_at = now() WHERE id = ${runId}`);
         storedOutputs += emissions.length;
         return true;
       });
@@ -302,77 +279,21 @@ export function createRunExecutor(
     };
 
     const callModel = async (state: LoopContext): Promise<ModelStepResult> => {
-      let lastFailure: ProviderFailure | null = null;
-      const tools = [...agent.tools.values()].map((tool) => ({ name: tool.name, description: tool.description, parameters: tool.parameters }));
-      for (let index = state.providerIndex; index < agent.chain.length; index += 1) {
-        const link = agent.chain[index]!;
-        if (index !== appliedProvider) {
-          const applied = await applyProviderCeilings(index);
-          afterCommit(runId);
-          if (applied === 'lost') return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
-          appliedProvider = index;
-          if (applied === 'not_retainable') {
-            return { kind: 'failed', reason: 'result_not_retainable', errorClass: 'privacy', detail: { provider: link.provider.name, answerLevel: link.ceilings.answerLevel } };
-          }
-        }
-        for (let attempt = 1; attempt <= options.providerAttempts; attempt += 1) {
-          if (lease.loss) return { kind: 'stop', why: lease.loss };
-          const started = Date.now();
-          const outcome = await link.provider.call({
-            runId,
-            iteration: state.iteration,
-            transcript: state.transcript,
-            tools,
-            signal: lease.abort.signal,
-            ...(state.requestMetadata ? { requestMetadata: state.requestMetadata } : {}),
-          });
-          if (lease.loss) return { kind: 'stop', why: lease.loss };
-          if (outcome.ok) {
-            const { reply } = outcome;
-            audit.record({
-              kind: 'model_reply',
-              meta: {
-                provider: link.provider.name,
-                iteration: state.iteration,
-                attempt,
-                durationMs: Date.now() - started,
-                inputTokens: reply.usage.inputTokens,
-                outputTokens: reply.usage.outputTokens,
-                toolCalls: reply.toolCalls.map((call) => call.name),
-                artifacts: reply.artifacts.length,
-              },
-              content: { text: reply.text, toolCalls: reply.toolCalls },
-            });
-            if (!(await storeArtifacts(state, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
-            if (reply.artifacts.length > 0) afterCommit(runId);
-            const approvalRequired = reply.toolCalls.some((call) => agent.tools.get(call.name)?.needsApproval === true);
-            return {
-              kind: 'reply',
-              text: reply.text,
-              toolCalls: reply.toolCalls,
-              approvalRequired,
-              providerIndex: index,
-              inputTokens: reply.usage.inputTokens,
-              outputTokens: reply.usage.outputTokens,
-              ...(reply.outcome ? { outcome: reply.outcome } : {}),
-            };
-          }
-          lastFailure = outcome.failure;
-          audit.record({
-            kind: 'model_failed',
-            meta: { provider: link.provider.name, iteration: state.iteration, attempt, class: outcome.failure.class, status: outcome.failure.status ?? null, durationMs: Date.now() - started },
-          });
-          if (!isRetryableClass(outcome.failure.class) || attempt === options.providerAttempts) break;
-          const backoff = Math.min(options.maxBackoffMs, Math.max(outcome.failure.retryAfterMs ?? 0, options.providerBackoffMs * 2 ** (attempt - 1)));
-          await sleep(backoff, lease.abort.signal);
-        }
-      }
-      const failure = lastFailure ?? { class: 'unknown' as const, message: 'no provider configured' };
+      const answer = await providerChain.call(state);
+      if (answer.kind !== 'reply') return answer;
+      const { reply } = answer;
+      if (!(await storeArtifacts(state, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+      if (reply.artifacts.length > 0) afterCommit(runId);
+      const approvalRequired = reply.toolCalls.some((call) => agent.tools.get(call.name)?.needsApproval === true);
       return {
-        kind: 'failed',
-        reason: isRetryableClass(failure.class) ? 'provider_failed' : 'not_retryable',
-        errorClass: failure.class,
-        detail: { provider: agent.chain[agent.chain.length - 1]!.provider.name, class: failure.class, status: failure.status ?? null },
+        kind: 'reply',
+        text: reply.text,
+        toolCalls: reply.toolCalls,
+        approvalRequired,
+        providerIndex: answer.providerIndex,
+        inputTokens: reply.usage.inputTokens,
+        outputTokens: reply.usage.outputTokens,
+        ...(reply.outcome ? { outcome: reply.outcome } : {}),
       };
     };
 

@@ -127,6 +127,15 @@ export class A2AService {
     });
   }
 
+  /**
+   * The task's row when it exists, belongs to the calling client and was sent to the calling
+   * agent; otherwise TaskNotFoundError, the same for another's task as for one that never existed.
+   */
+  private async ownedTask(caller: Caller, taskId: string): Promise<Result<TaskRow>> {
+    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+    return row && row.agent === caller.agent.config.id ? ok(row) : fail(taskNotFound(taskId));
+  }
+
   async sendMessage(caller: Caller, params: SendMessageParams): Promise<Result<SendResult>> {
     const blocking = !params.configuration?.returnImmediately;
     let wait: JournalWait | null = null;
@@ -242,8 +251,9 @@ export class A2AService {
     beforeWork?: (taskId: string) => void,
   ): Promise<Result<{ taskId: string; afterSequence: number }>> {
     const taskId = message.taskId!;
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    const owned = await this.ownedTask(caller, taskId);
+    if (!owned.ok) return owned;
+    const row = owned.value;
     if (message.contextId !== undefined && message.contextId !== row.context_id) {
       return fail(invalidParams([{ path: ['message', 'contextId'], message: `task ${taskId} belongs to another context` }]));
     }
@@ -290,9 +300,8 @@ export class A2AService {
   }
 
   async getTask(caller: Caller, id: string, historyLength?: number): Promise<Result<Task>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
-    return ok(taskView(this.deps.sealer, row, { historyLength }));
+    const owned = await this.ownedTask(caller, id);
+    return owned.ok ? ok(taskView(this.deps.sealer, owned.value, { historyLength })) : owned;
   }
 
   async listTasks(caller: Caller, params: ListTasksParams): Promise<Result<{ tasks: Task[]; nextPageToken: string; pageSize: number; totalSize: number }>> {
@@ -318,8 +327,9 @@ export class A2AService {
   }
 
   async cancelTask(caller: Caller, id: string): Promise<Result<Task>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    const owned = await this.ownedTask(caller, id);
+    if (!owned.ok) return owned;
+    const row = owned.value;
     if (isTerminalState(row.state)) {
       return fail(A2AErrors.taskNotCancelable(`task ${id} is ${row.state} and cannot be cancelled`, { metadata: { taskId: id, state: row.state } }));
     }
@@ -408,8 +418,9 @@ export class A2AService {
 
   /** SubscribeToTask's checks, before any event is sent (errors are then plain responses). */
   async checkSubscribable(caller: Caller, id: string): Promise<Result<TaskRow>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, id);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    const owned = await this.ownedTask(caller, id);
+    if (!owned.ok) return owned;
+    const row = owned.value;
     if (isTerminalState(row.state) && isTerminalState(row.projected_state)) {
       return fail(A2AErrors.unsupportedOperation(`task ${id} is ${row.state}; a terminal task has no more events to subscribe to`, { metadata: { taskId: id, state: row.state } }));
     }
@@ -417,8 +428,8 @@ export class A2AService {
   }
 
   async createPushConfig(caller: Caller, input: PushConfigInput & { taskId: string }): Promise<Result<Record<string, unknown>>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, input.taskId);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(input.taskId));
+    const owned = await this.ownedTask(caller, input.taskId);
+    if (!owned.ok) return owned;
     const refused = await this.checkPushTarget(input, 'config');
     if (refused) return fail(refused);
     const created = await createPushConfig(this.deps.pool, this.deps.sealer, { ...input, owner: caller.clientId });
@@ -429,16 +440,16 @@ export class A2AService {
   }
 
   async getPushConfig(caller: Caller, taskId: string, id: string): Promise<Result<Record<string, unknown>>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    const owned = await this.ownedTask(caller, taskId);
+    if (!owned.ok) return owned;
     const config = await getPushConfig(this.deps.pool, taskId, id);
     if (!config) return fail(A2AErrors.invalidParams(`no push notification config ${id} for task ${taskId}`, { fieldViolations: [{ field: 'id', description: 'unknown push notification config' }] }));
     return ok(maskedPushConfig(config));
   }
 
   async listPushConfigs(caller: Caller, taskId: string, pageSize = 100, pageToken?: string): Promise<Result<{ configs: Record<string, unknown>[]; nextPageToken: string }>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    const owned = await this.ownedTask(caller, taskId);
+    if (!owned.ok) return owned;
     let after: string | undefined;
     if (pageToken) {
       try {
@@ -458,8 +469,8 @@ export class A2AService {
   }
 
   async deletePushConfig(caller: Caller, taskId: string, id: string): Promise<Result<Record<string, never>>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
-    if (!row || row.agent !== caller.agent.config.id) return fail(taskNotFound(taskId));
+    const owned = await this.ownedTask(caller, taskId);
+    if (!owned.ok) return owned;
     // Idempotent; after it no new attempt starts (a request already in flight may still arrive).
     await this.deps.pool.transaction(async (transaction) => {
       await deletePushConfig(transaction, taskId, id);

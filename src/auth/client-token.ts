@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 
-// Inbound client tokens (DESIGN.md, "A2A server rules"): `keel_` followed by 43 base64url
+// Inbound client tokens (docs/architecture.md, "A2A server"): `keel_` followed by 43 base64url
 // characters, the unpadded encoding of 32 random bytes (256 bits). The prefix lets secret scanners
 // recognise a leaked token.
 

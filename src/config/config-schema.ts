@@ -1,7 +1,7 @@
 import { z } from 'zod';
 
-// The public configuration interface (DESIGN.md, "Configuration"). Every object is strict so a
-// misspelt key is reported instead of silently ignored.
+// The public configuration interface (docs/architecture.md, "Configuration"). Every object is
+// strict so a misspelt key is reported instead of silently ignored.
 
 const privacyLevel = z.enum(['none', 'metadata', 'redacted', 'full']);
 

@@ -21,7 +21,7 @@ import { QUEUE_NAMES } from '../queue/queue-names.js';
 
 export type MetricsDeps = { pool: DatabasePool; queues: KeelQueues; logger: KeelLogger; token?: string | undefined };
 
-/** Outcome classes of delivery attempts (push_attempts.outcome), DESIGN.md "Push notifications". */
+/** Outcome classes of delivery attempts (push_attempts.outcome), docs/push.md "Outcome classes". */
 export const ATTEMPT_OUTCOMES = ['delivered', 'retry', 'paused', 'stopped', 'dead'] as const;
 export const DELAY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
 const HTTP_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -66,7 +66,7 @@ export class KeelMetrics {
     this.queueAge = new Gauge({ name: 'keel_queue_oldest_waiting_seconds', help: 'Age of the oldest job waiting to be processed per queue (0 when none)', labelNames: ['queue'], registers });
     this.lagRevisions = new Gauge({
       name: 'keel_projector_lag_revisions',
-      help: 'Run revisions committed but not yet projected: sum over open tasks of runs.revision minus a2a_tasks.revision',
+      help: 'Run revisions committed but not yet projected: sum over open tasks of runs.revision minus a2a_tasks.projected_revision',
       registers,
     });
     this.lagTasks = new Gauge({ name: 'keel_projector_lag_tasks', help: 'Open tasks whose run has revisions not yet projected', registers });
@@ -129,7 +129,7 @@ export class KeelMetrics {
     const deliveries = await db.any(sql.type(byState)`SELECT state, count(*)::int AS n FROM push_deliveries GROUP BY 1`);
     const attempts = await db.any(sql.type(z.object({ outcome: z.string(), n: z.number() }))`SELECT outcome, count(*)::int AS n FROM push_attempts GROUP BY 1`);
     const lag = await db.one(sql.type(z.object({ revisions: z.number(), tasks: z.number() }))`
-        SELECT coalesce(sum(greatest(r.revision - t.revision, 0)), 0)::bigint AS revisions, count(*) FILTER (WHERE r.revision > t.revision)::int AS tasks
+        SELECT coalesce(sum(greatest(r.revision - t.projected_revision, 0)), 0)::bigint AS revisions, count(*) FILTER (WHERE r.revision > t.projected_revision)::int AS tasks
         FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
         WHERE t.projected_state <> ALL(${sql.array([...TERMINAL_TASK_STATES], 'text')})`);
     const inbox = await this.readInboxPending(db);

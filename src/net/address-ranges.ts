@@ -1,5 +1,5 @@
 /**
- * IP literals and the refused ranges of the address guard (docs/push.md, "Address guard").
+ * IP literals and the refused ranges of the address guard (docs/architecture.md, "Address guard").
  *
  * Pure: no I/O, no DNS. Input is an IP literal as it comes from a resolver answer or from a URL
  * hostname already normalised by WHATWG URL parsing (IPv6 with or without brackets, an optional
@@ -26,7 +26,7 @@ function block(cidr: string, name: string): Block {
   return { cidr, name, list };
 }
 
-/** The refused IPv4 ranges, in the order docs/push.md lists them. */
+/** The refused IPv4 ranges, in the order docs/architecture.md lists them. */
 export const REFUSED_IPV4_BLOCKS: readonly Block[] = [
   block('0.0.0.0/8', 'this network'),
   block('10.0.0.0/8', 'private'),

@@ -1,18 +1,12 @@
 /**
- * The one guarded outbound HTTP entry point (DESIGN.md, "Address guard", ADR-279). Every outbound
- * request of Keel goes through `createGuardedFetch`: push deliveries, remote agent cards and
- * endpoints, the `http_get` tool, the `openai` provider.
+ * The one guarded outbound HTTP entry point (docs/architecture.md, "Address guard"). Every outbound
+ * request of Keel goes through `createGuardedFetch` (push deliveries, remote agent cards and
+ * endpoints, the `http_get` tool, the `openai` provider), so the rules are kept in one place.
  *
- * Order of the checks in `checkUrl` (the first failing one is reported):
- *   1. `invalid_url`        the WHATWG URL parser rejects the string (`numeric_host` instead when
- *                           the raw host is numeric text that is no valid address, e.g. 1.2.3.4.5);
- *   2. `scheme`             not http(s), or plain http while `allowHttp` is false;
- *   3. `credentials_in_url` any userinfo (`user:pass@`, even an empty `@`) in the authority;
- *   4. `numeric_host`       the RAW host text is a non-canonical numeric form (host-forms.ts), even
- *                           when allowlisted: `allowHosts` never lifts this rule;
- *   5. an IP literal host is range-checked (`refused_range`) unless it is an exact `allowHosts` entry;
- *      a host name is resolved once (`resolution_failed` when that fails or answers nothing usable)
- *      and EVERY answer is range-checked unless the name is an exact `allowHosts` entry.
+ * `checkUrl` reports the first rule a URL breaks, the DNS lookup last so that a URL refused on its
+ * text costs no resolution. Numeric host forms are judged on the raw text before the allowlist is
+ * consulted: `allowHosts` lifts the range block for its exact literal, never the numeric-form rule
+ * (host-forms.ts says why).
  *
  * The request is then sent over a connection pinned to a vetted address (see `PinnedDispatchers`),
  * redirects are never followed (a 3xx is an ordinary response), one deadline covers resolution,
@@ -127,8 +121,8 @@ function errorCode(err: unknown): string | undefined {
 }
 
 /**
- * Checks a URL against the policy and resolves its host (see the module comment for the rules and
- * their order). On success `host` is the WHATWG hostname (IPv6 in brackets) and `addresses` the
+ * Checks a URL against the policy and resolves its host (the rules: docs/architecture.md, "Address
+ * guard"; the first one broken is reported). On success `host` is the WHATWG hostname (IPv6 in brackets) and `addresses` the
  * vetted IP literals (no brackets), in resolver order, without duplicates.
  */
 export async function checkUrl(url: string, policy: GuardPolicy, resolver: Resolver = defaultResolver): Promise<UrlCheck> {

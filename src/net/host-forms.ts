@@ -1,8 +1,8 @@
 /**
- * Numeric host forms (DESIGN.md, "Address guard"): `2130706433`, `0x7f000001`, `0x7f.0.0.1`,
- * `0177.0.0.1`, `127.1`, `%31%32%37.0.0.1`, fullwidth digits... are refused outright, even when the
- * address they stand for is allowlisted, because each is a way to smuggle an address past a filter
- * that compares text.
+ * Numeric host forms (docs/architecture.md, "Address guard"): `2130706433`, `0x7f000001`,
+ * `0x7f.0.0.1`, `0177.0.0.1`, `127.1`, `%31%32%37.0.0.1`, fullwidth digits... are refused outright,
+ * even when the address they stand for is allowlisted, because each is a way to smuggle an address
+ * past a filter that compares text.
  *
  * WHATWG URL parsing normalises all of them to a dotted quad (`new URL('http://2130706433/')
  * .hostname === '127.0.0.1'`), so the decision must be taken on the RAW authority text of the URL

@@ -1,12 +1,6 @@
 /**
- * Applying a privacy level to a value before it is stored (DESIGN.md, Privacy).
- *
- * | level      | what is stored                                  |
- * |------------|-------------------------------------------------|
- * | `full`     | the value unchanged (same reference)            |
- * | `redacted` | `redactValue(value)`: secrets masked as `***`   |
- * | `metadata` | `summarizeValue(value)`: no content             |
- * | `none`     | nothing: `undefined`, the caller stores no row  |
+ * Applying a privacy level to a value before it is stored (docs/architecture.md, "Privacy").
+ * `none` yields `undefined` rather than an empty value, so that the caller stores no row at all.
  */
 import { assertPrivacyLevel, isStricter, type PrivacyLevel } from './privacy-level.js';
 import { redactValue } from './redact.js';

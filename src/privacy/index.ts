@@ -1,6 +1,6 @@
 /**
- * The privacy library (DESIGN.md, Privacy): levels, ceilings, redaction, summaries. Pure: no I/O,
- * no clock, no randomness, so every rule here is unit-tested exhaustively.
+ * The privacy library (docs/architecture.md, "Privacy"): levels, ceilings, redaction, summaries.
+ * Pure: no I/O, no clock, no randomness, so every rule here is unit-tested exhaustively.
  */
 export {
   PRIVACY_LEVELS,

@@ -1,5 +1,5 @@
 /**
- * Privacy levels (DESIGN.md, Privacy; ADR-064/114/242/270).
+ * Privacy levels (docs/architecture.md, "Privacy").
  *
  * Strictest first: `none` < `metadata` < `redacted` < `full`.
  * - `none`: nothing is stored.

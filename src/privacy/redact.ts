@@ -1,37 +1,27 @@
 /**
- * The `redacted` level: content kept, secrets masked with `***` (DESIGN.md, Privacy).
- *
- * Masked shapes:
- * - URL credentials: the value of the query keys key, api_key, apikey, token, secret, access_token
- *   (any case, after `?`, `&`, `#`, `;`, whitespace, a quote or at the start, so a fragment
- *   `#access_token=` and a logged `token=...` are caught too), and userinfo: `scheme://user:pass@host`
- *   becomes `scheme://***:***@host` (also `scheme://:pass@host`, as in Redis URLs), and
- *   `scheme://user@host` becomes `scheme://***@host`.
- * - Vendor key shapes: OpenAI `sk-...` (`sk-proj-...` and other `sk-` keys), Stripe
- *   `sk_|rk_|pk_` + `live_|test_` and `whsec_`, AWS access key ids `AKIA`/`ASIA` + 16, AWS secret keys
- *   after an `aws_secret_access_key` / `SecretAccessKey` label, GitHub `ghp_ gho_ ghu_ ghs_ ghr_` and
- *   `github_pat_`, Slack `xoxb- xoxp- xoxa- xoxr- xoxs-` / `xapp-` and the path of
- *   `hooks.slack.com/services|workflows|triggers/...`, Google `AIza...`, JWTs (`eyJ...`.`eyJ...`.sig),
- *   `Bearer <token>` (the word kept), Keel client tokens (`keel_` + 43 base64url characters).
- * - Email addresses (a dotted domain with a letter TLD is required: `root@localhost` stays).
+ * The `redacted` level: content kept, secrets masked with `***` (docs/architecture.md, "Privacy").
+ * What counts as a secret is the table `RULES` below, one named rule per shape.
  *
  * A whole secret becomes `***` (no vendor prefix is kept); where a label carries the meaning (query
- * key, `Bearer`, the AWS label, the Slack hook host) the label is kept and only the value is masked.
+ * key, `Bearer`, the AWS label, the Slack hook host) the label is kept and only the value is masked,
+ * so a reader still knows what was there.
  *
- * Linear time: every pattern starts with a literal anchor (`://`, `sk-`, `AKIA`, `@`...) and a
- * one-character lookbehind that refuses to start inside a run of the token's own characters, so each
- * run of input characters is scanned a bounded number of times per pattern; all repetitions are over
- * character classes delimited by characters outside the class, so backtracking is linear too. There
- * is no nested ambiguous quantifier anywhere. The tests run every pattern on adversarial 1 MB inputs.
+ * Linear time, because the input is untrusted text of any size: every pattern starts with a literal
+ * anchor (`://`, `sk-`, `AKIA`, `@`...) and a one-character lookbehind that refuses to start inside
+ * a run of the token's own characters, so each run of input characters is scanned a bounded number
+ * of times per pattern; all repetitions are over character classes delimited by characters outside
+ * the class, so backtracking is linear too. There is no nested ambiguous quantifier anywhere. The
+ * tests run every pattern on adversarial 1 MB inputs.
  *
- * Near misses are deliberate non-matches: `sk-` inside a word (`task-list`), short `sk-` words
- * (`sk-learn`), `skeleton`, `user@localhost`, `@handle`, and prose such as "the bearer of bad news".
+ * Near misses are deliberate non-matches, so that ordinary prose survives: `sk-` inside a word
+ * (`task-list`), short `sk-` words (`sk-learn`), `skeleton`, `user@localhost`, `@handle`, and
+ * "the bearer of bad news".
  */
 
 /** The mask that replaces a secret. Stable so that redaction is idempotent and greppable. */
 export const MASK = '***';
 
-/** The URL query keys whose values are credentials (DESIGN.md), matched case-insensitively. */
+/** The URL query keys whose values are credentials, matched case-insensitively. */
 export const CREDENTIAL_QUERY_KEYS = ['key', 'api_key', 'apikey', 'token', 'secret', 'access_token'] as const;
 
 type Rule = { name: string; pattern: RegExp; replace: string | ((match: string, ...groups: string[]) => string) };
@@ -66,7 +56,8 @@ const RULES: readonly Rule[] = [
   },
   {
     name: 'url-query-credential',
-    // `(?<![^...])`: at the start of the text or right after one of the listed delimiters.
+    // `(?<![^...])`: at the start of the text or right after one of the listed delimiters, so a
+    // fragment `#access_token=` and a logged `token=...` are caught as well as a query.
     pattern: new RegExp(`(?<![^\\s?&#;'"])((?:${QUERY_KEYS})=)[^\\s&#;'"<>]+`, 'gi'),
     replace: `$1${MASK}`,
   },

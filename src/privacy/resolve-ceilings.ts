@@ -1,5 +1,5 @@
 /**
- * The two privacy ceilings of a run (DESIGN.md, Privacy).
+ * The two privacy ceilings of a run (docs/architecture.md, "Privacy").
  *
  * - `auditLevel` bounds run events (the audit trail: prompts, tool calls, provider output).
  * - `answerLevel` bounds answers, task results and `Task.history`.

@@ -1,6 +1,6 @@
 /**
- * The `metadata` level: a content-free description of a value (DESIGN.md, Privacy: "metadata keeps
- * counts, lengths, kinds and names, no content").
+ * The `metadata` level: a content-free description of a value: counts, lengths, kinds and names,
+ * no content (docs/architecture.md, "Privacy").
  *
  * What survives:
  * - kinds (`text`, `number`, `boolean`, `null`, `undefined`, `binary`, `array`, `object`, `other`),

@@ -2,9 +2,10 @@ import type { ArtifactEmission, Provider, ProviderCallInput, ProviderReply, Repl
 
 // The `conformance` provider: the built-in agent the A2A conformance kit (a2aproject/a2a-tck,
 // 1.0-dev) drives. It picks its behaviour by the prefix of the A2A messageId of the latest message
-// (`requestMetadata.messageId`), as ../shared/docs/conformance-agent.md lists. Everything it does
-// goes through the ordinary pipeline: artifacts are committed run steps, outcomes are the executor's
-// own (status message, direct message, rejection, input required), so the kit tests Keel itself.
+// (`requestMetadata.messageId`), as the table in `behaviours` below lists (docs/conformance.md).
+// Everything it does goes through the ordinary pipeline: artifacts are committed run steps, outcomes
+// are the executor's own (status message, direct message, rejection, input required), so the kit
+// tests Keel itself.
 
 export type ConformanceOptions = {
   /** The kit's streaming timeout; `test-resubscribe-message-id` waits twice this long. */
@@ -27,7 +28,7 @@ const FILE_BYTES = Buffer.from('tck').toString('base64');
 const textArtifact = (text: string): ArtifactEmission => ({ name: 'output', parts: [{ text }] });
 const rawFileArtifact = (): ArtifactEmission => ({ name: FILE_NAME, parts: [{ raw: FILE_BYTES, filename: FILE_NAME, mediaType: FILE_MEDIA_TYPE }] });
 
-/** The table of conformance-agent.md, by messageId prefix (artifact ids are filled in per call). */
+/** What the agent does, by messageId prefix (artifact ids are filled in per call). */
 function behaviours(options: ConformanceOptions): Record<string, Behaviour> {
   return {
     'tck-complete-task': { outcome: { kind: 'status_message', text: 'Hello from TCK' } },

@@ -1,6 +1,6 @@
 // Deterministic job ids: a job is only a wake-up, and the same debt always maps to the same id, so
-// enqueueing twice is harmless. BullMQ refuses ':' in custom ids, hence '-' where DESIGN.md
-// writes `run:<id>`.
+// enqueueing twice is harmless. BullMQ refuses ':' in custom ids, hence '-' as the separator
+// (docs/decisions/0004-job-ids-without-colons.md).
 // A requeued run gets a job id of its own (`run-<id>-r<n>`): the job of the worker that crashed
 // stays 'active' in BullMQ until its lock expires and stall detection runs (30-60 s), and under the
 // same id it would hide the requeue's wake-up until then.

@@ -9,7 +9,8 @@ import type { RemoteAgents } from './remote-agents.js';
 import { judgeRemoteTask, type SdkTask } from './remote-task.js';
 
 // The `remote_agent` tool: sends a message to a configured remote A2A agent and makes the run wait
-// on a dependency. Registration follows DESIGN.md's order for each case:
+// on a dependency. Registration follows this order for each case (docs/client-role.md,
+// "Registration"):
 //  - embedded push config (the remote takes push, registration "embedded"): the pending local
 //    registration is written first, then the message goes out carrying the callback config;
 //  - separate: send, store the acknowledged remote task id, create the local registration, create

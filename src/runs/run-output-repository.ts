@@ -113,6 +113,11 @@ export async function listRunOutputs(db: CommonQueryMethods, sealer: Sealer, run
   });
 }
 
+/** Removes every stored output of the run: its answer ceiling no longer lets a result be kept. */
+export async function deleteRunOutputs(db: CommonQueryMethods, runId: string): Promise<void> {
+  await db.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${runId}`);
+}
+
 /**
  * Rewrites every stored output of the run down to `ceiling` (never up): called in the transaction
  * that tightened the run's answer ceiling. At `none` the rows are removed.

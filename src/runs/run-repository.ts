@@ -12,6 +12,7 @@ import {
 } from '../../machines/run.machine.js';
 import { allowedFrom, targetOf } from '../../machines/transitions.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import type { Ceilings } from '../privacy/resolve-ceilings.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { runRow, type RunRow } from './run-row.js';
@@ -178,6 +179,55 @@ export async function markNonIdempotentCall(db: Db, runId: string, workerId: str
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET inside_non_idempotent_call = ${toolCallId}
     WHERE id = ${runId} AND status = 'running' AND claimed_by = ${workerId}
+    RETURNING id`);
+  return row !== null;
+}
+
+/** The status in which a worker holds a run: the one its claim leads to. */
+const held = () => statusArray([to('CLAIM')]);
+
+/** The ceilings and revision of a run its worker holds, read under the row lock. */
+export type HeldRunLevels = Ceilings & { revision: number };
+
+/**
+ * Locks the run for a step that writes beside it (outputs, a provider switch), but only while this
+ * worker holds it; null means it does not any more (lease lost, cancelled) and the step writes nothing.
+ */
+export async function lockHeldRun(db: Db, runId: string, workerId: string): Promise<HeldRunLevels | null> {
+  const row = await db.maybeOne(sql.type(z.object({ audit_level: z.string(), answer_level: z.string(), revision: z.number() }))`
+    SELECT audit_level, answer_level, revision FROM runs
+    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    FOR UPDATE`);
+  return row && { auditLevel: row.audit_level as PrivacyLevel, answerLevel: row.answer_level as PrivacyLevel, revision: row.revision };
+}
+
+/**
+ * Moves the held run to another provider of its chain with the ceilings resolved for it (tightened
+ * by the caller, never loosened), as a revision of its own.
+ */
+export async function switchRunProvider(
+  db: Db,
+  runId: string,
+  workerId: string,
+  provider: string,
+  ceilings: Ceilings,
+): Promise<boolean> {
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE runs SET audit_level = ${ceilings.auditLevel}, answer_level = ${ceilings.answerLevel}, provider = ${provider},
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    RETURNING id`);
+  return row !== null;
+}
+
+/**
+ * Announces the outputs the held run stores in the same transaction, at the revision this write
+ * reaches: the projector turns each revision into journal events.
+ */
+export async function announceRunOutputs(db: Db, runId: string, workerId: string): Promise<boolean> {
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE runs SET revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
     RETURNING id`);
   return row !== null;
 }

@@ -35,3 +35,16 @@ export const runRow = z.object({
   settled_at: z.number().nullable(),
 });
 export type RunRow = z.infer<typeof runRow>;
+
+/** A run row is written at revision 1; every guarded transition adds one (src/runs/run-repository.ts). */
+export const INSERTED_REVISION = 1;
+/** The revision of a run whose only transition so far is the claim that just took it. */
+export const FIRST_CLAIM_REVISION = INSERTED_REVISION + 1;
+
+/**
+ * Whether a claimed run is on its first claim: never run before, so it has no audit rows yet (a
+ * requeued, resumed or taken-over run has moved past FIRST_CLAIM_REVISION).
+ */
+export function isFirstClaim(run: Pick<RunRow, 'revision' | 'requeue_count' | 'suspended_state'>): boolean {
+  return run.revision === FIRST_CLAIM_REVISION && run.requeue_count === 0 && run.suspended_state === null;
+}

@@ -1,5 +1,5 @@
 /**
- * Envelope encryption for sealed columns (DESIGN.md, Privacy).
+ * Envelope encryption for sealed columns (docs/architecture.md, "Privacy").
  *
  * Every value gets a fresh random 32-byte data key. The plaintext is encrypted with the data key and
  * the data key is wrapped with the active master key, both with AES-256-GCM. Rotating a master key

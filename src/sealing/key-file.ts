@@ -1,5 +1,5 @@
 /**
- * The master key file (DESIGN.md, Privacy: "The embedded default creates a key file (mode 0600)").
+ * The master key file, created with mode 0600 on a first start (docs/architecture.md, "Privacy").
  *
  * Format: one base64 key per line, the first line the active key (the same syntax parseMasterKeyList
  * accepts, so an operator may add '#' comments). Writers never leave a half-written file where a

@@ -1,5 +1,5 @@
 /**
- * Master keys for sealed columns (DESIGN.md, Privacy: envelope encryption).
+ * Master keys for sealed columns (envelope encryption: docs/architecture.md, "Privacy").
  *
  * A master key only ever wraps per-value data keys; it never encrypts column data directly. Each key
  * carries a short id that is written in clear into every sealed value, so the id must be derivable

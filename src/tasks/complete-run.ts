@@ -1,7 +1,7 @@
 import { sql, type CommonQueryMethods, type DatabasePool, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
-import type { TerminationReason } from '../../machines/run.machine.js';
+import type { CompletionReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
@@ -9,13 +9,13 @@ import type { Sealer } from '../sealing/sealer.js';
 import { mergeArtifacts } from './merge-artifacts.js';
 import { scrubTaskContent, writeTaskResult } from './task-repository.js';
 import type { Artifact, Message } from '../protocol/wire.js';
-import { appendRunOutputs, listRunOutputs } from '../runs/run-output-repository.js';
+import { appendRunOutputs, deleteRunOutputs, listRunOutputs } from '../runs/run-output-repository.js';
 import { settleRun, type RunTotals, type SettleResult } from '../runs/run-repository.js';
 
 export type CompletionInput = {
   runId: string;
   workerId: string;
-  reason: Extract<TerminationReason, 'completed' | 'max_iterations' | 'budget_exhausted'>;
+  reason: CompletionReason;
   answer: string | null;
   presentation?: AnswerPresentation;
   totals: RunTotals;
@@ -43,11 +43,12 @@ const lockedRun = z.object({
 });
 
 /**
- * Completion is one transaction (DESIGN.md, ADR-282): under the run-row lock, reread the answer
- * ceiling, write the sealed result (to the task row for an A2A task, else to run_outputs), and move
- * run and task to COMPLETED together. A ceiling that no longer lets the result be kept fails the
- * run instead (`result_not_retainable`) with nothing stored. If the result cannot be written the
- * transaction rolls back and the caller fails the run: a COMPLETED task always has its result.
+ * Completion is one transaction (docs/architecture.md, "The life of a request", transaction 3):
+ * under the run-row lock, reread the answer ceiling, write the sealed result (to the task row for
+ * an A2A task, else to run_outputs), and move run and task to COMPLETED together. A ceiling that no
+ * longer lets the result be kept fails the run instead (`result_not_retainable`) with nothing
+ * stored. If the result cannot be written the transaction rolls back and the caller fails the run:
+ * a COMPLETED task always has its result.
  */
 export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<SettleResult> {
   return pool.transaction(async (transaction) => {
@@ -79,7 +80,7 @@ export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: Ke
     }
 
     if (!answerIsRetainable(level)) {
-      await transaction.query(sql.unsafe`DELETE FROM run_outputs WHERE run_id = ${input.runId}`);
+      await deleteRunOutputs(transaction, input.runId);
       await scrubTaskContent(transaction, run.task_id);
       return settleRun(transaction, logger, input.runId, {
         status: 'failed',

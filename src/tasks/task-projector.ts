@@ -7,19 +7,21 @@ import { listRunOutputs } from '../runs/run-output-repository.js';
 import { recordDeliveriesFor } from '../push/delivery-repository.js';
 import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../protocol/wire.js';
 import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
-import { failureText, openSealed } from './task-repository.js';
+import { failureMetadata, failureStatusMessage } from './failure-status.js';
+import { openSealed } from './task-repository.js';
 import { taskStateOf } from './task-state.js';
 
 // The projector turns committed run revisions into the journal (a2a_events) and the view's
-// watermark. It never runs a model or a tool, reads only committed state, and is idempotent per
-// revision: everything up to the run's current revision is projected at once under the task-row
-// lock, and the watermark keeps a revision from being projected twice.
+// watermark (`a2a_tasks.projected_revision`). It never runs a model or a tool, reads only
+// committed state, and is idempotent per revision: everything up to the run's current revision is
+// projected at once under the task-row lock, and the watermark keeps a revision from being
+// projected twice.
 
 const lockedTask = z.object({
   has_outputs: z.boolean(),
   id: z.string(),
   context_id: z.string(),
-  revision: z.number(),
+  projected_revision: z.number(),
   last_sequence: z.number(),
   projected_state: z.string(),
   status_message: z.instanceof(Buffer).nullable(),
@@ -56,7 +58,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
     // let this commit skip the WAL flush wait: the journal is derived from committed run state and
     // a projection lost in a crash is projected again, identically.
     const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
-      SELECT t.id, t.context_id, t.revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
+      SELECT t.id, t.context_id, t.projected_revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
         r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
         EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs,
         set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
@@ -65,7 +67,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
     if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };
     const task = row;
     const run = { ...row, revision: row.run_revision };
-    if (run.revision <= task.revision) return { taskId: task.id, events: 0, revision: task.revision, deliveryIds: [] };
+    if (run.revision <= task.projected_revision) return { taskId: task.id, events: 0, revision: task.projected_revision, deliveryIds: [] };
     const outputs = task.has_outputs ? await listRunOutputs(transaction, sealer, runId) : [];
 
 
@@ -94,7 +96,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
 
     // Artifacts the agent emitted during the run, in the order they were committed.
     const emitted = outputs.filter(
-      (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > task.revision && output.runRevision <= run.revision,
+      (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > task.projected_revision && output.runRevision <= run.revision,
     );
     for (const output of emitted) {
       const content = output.content as { name?: string; description?: string; parts?: Artifact['parts'] };
@@ -129,19 +131,12 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         const reason = run.termination_reason as TerminationReason | null;
         const derived: Message | undefined =
           statusMessage ??
-          (reason
-            ? {
-                messageId: `${task.id}-status-${run.revision}`,
-                role: 'ROLE_AGENT',
-                parts: [{ text: failureText(reason, run.failure_detail) }],
-                taskId: task.id,
-                contextId: task.context_id,
-              }
-            : undefined);
+          (reason ? failureStatusMessage({ id: task.id, contextId: task.context_id }, `${task.id}-status-${run.revision}`, reason, run.failure_detail) : undefined);
         events.push(status(state, run.status_changed_at, state === 'TASK_STATE_WORKING' || state === 'TASK_STATE_SUBMITTED' ? undefined : derived));
-        if (reason === 'result_not_retainable') {
+        const metadata = failureMetadata(reason);
+        if (metadata) {
           const last = events[events.length - 1]!.response as Extract<StreamResponse, { statusUpdate: unknown }>;
-          last.statusUpdate.metadata = { reason: 'RESULT_NOT_RETAINABLE' };
+          last.statusUpdate.metadata = metadata;
         }
       }
     }
@@ -166,7 +161,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
         RETURNING 1),`
           : sql.fragment``
       } watermark AS (
-        UPDATE a2a_tasks SET revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
+        UPDATE a2a_tasks SET projected_revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
         WHERE id = ${task.id} RETURNING 1)
       SELECT
         (SELECT count(*) FROM watermark)::int AS updated,

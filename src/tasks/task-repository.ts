@@ -2,10 +2,10 @@ import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import { applyLevel } from '../privacy/apply-level.js';
-import { approvalTimedOutText } from '../runs/approval-timeout.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../protocol/wire.js';
+import { failureMetadata, failureStatusMessage } from './failure-status.js';
 import { countTasks } from './task-counts.js';
 
 // a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the
@@ -27,7 +27,7 @@ export const taskRow = z.object({
   history: z.instanceof(Buffer).nullable(),
   answer_level: z.string(),
   metadata: z.record(z.unknown()),
-  revision: z.number(),
+  projected_revision: z.number(),
   last_sequence: z.number(),
   projected_state: z.string(),
   direct_message: z.boolean(),
@@ -40,7 +40,7 @@ export type TaskRow = z.infer<typeof taskRow>;
 
 const TASK_SELECT = sql.fragment`
   SELECT t.id, t.context_id, t.owner, t.agent, t.run_id, t.state, t.status_timestamp, t.status_message, t.artifacts,
-    t.history, t.answer_level, t.metadata, t.revision, t.last_sequence, t.projected_state, t.direct_message, t.created_at,
+    t.history, t.answer_level, t.metadata, t.projected_revision, t.last_sequence, t.projected_state, t.direct_message, t.created_at,
     r.termination_reason, r.failure_detail
   FROM a2a_tasks t JOIN runs r ON r.id = t.run_id`;
 
@@ -116,34 +116,6 @@ export function openSealed<T>(sealer: Sealer, taskId: string, column: 'status_me
   return opened.value;
 }
 
-export const FAILURE_MESSAGES: Partial<Record<TerminationReason, string>> = {
-  result_not_retainable: "the result could not be kept under this installation's privacy policy",
-  policy_denied: 'the request was declined by a policy of this agent',
-  approval_denied: 'an operator did not approve the request',
-  provider_failed: 'the model provider failed; the request may be retried',
-  not_retryable: 'the request could not be processed',
-  retries_exhausted: 'the run was interrupted too often and was stopped',
-  cancelled: 'the task was cancelled',
-};
-
-/**
- * The text of a FAILED (or REJECTED, CANCELED) status without a message of the agent's: the
- * termination reason's, made precise by the run's failure detail where that names a cause.
- */
-export function failureText(reason: TerminationReason, failureDetail: Record<string, unknown> | null): string {
-  if (failureDetail?.rejected === true) return 'the agent rejected the task';
-  switch (failureDetail?.reason) {
-    case 'approval_timed_out':
-      if (typeof failureDetail.timeoutHours === 'number') return approvalTimedOutText(failureDetail.timeoutHours);
-      break;
-    case 'suspension_not_stored':
-      return 'the approval this request needs could not be recorded';
-    case 'result_not_stored':
-      return 'the result could not be stored';
-  }
-  return FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`;
-}
-
 export type TaskViewOptions = { historyLength?: number | undefined; includeArtifacts?: boolean };
 
 /** The wire Task for a row: content opened, status message derived where the run ended without one. */
@@ -153,10 +125,9 @@ export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions 
   let message: Message | undefined = statusMessage ?? undefined;
   const reason = row.termination_reason as TerminationReason | null;
   if (!message && reason && state !== 'TASK_STATE_COMPLETED') {
-    const text = failureText(reason, row.failure_detail);
-    message = { messageId: `${row.id}-status`, role: 'ROLE_AGENT', parts: [{ text }], contextId: row.context_id, taskId: row.id };
+    message = failureStatusMessage({ id: row.id, contextId: row.context_id }, `${row.id}-status`, reason, row.failure_detail);
   }
-  const metadata = { ...row.metadata, ...(reason === 'result_not_retainable' ? { reason: 'RESULT_NOT_RETAINABLE' } : {}) };
+  const metadata = { ...row.metadata, ...failureMetadata(reason) };
   const task: Task = {
     id: row.id,
     contextId: row.context_id,

@@ -1,7 +1,7 @@
 import type { RunStatus } from '../../machines/run.machine.js';
 import type { TaskState } from '../protocol/wire.js';
 
-/** The A2A state of a run's status (DESIGN.md "Task"); the database trigger keel_task_state mirrors it. */
+/** The A2A state of a run's status (machines/task.machine.ts); the trigger keel_task_state mirrors it. */
 export function taskStateOf(status: RunStatus, failureDetail: Record<string, unknown> | null): TaskState {
   switch (status) {
     case 'queued':

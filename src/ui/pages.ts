@@ -210,7 +210,7 @@ ${task
 <dt>state</dt><dd id="task-state">${pill(task.state)}</dd>
 <dt>context</dt><dd class="mono">${task.context_id}</dd>
 <dt>client</dt><dd>${task.client}</dd>
-<dt>projected</dt><dd>run revision ${task.revision} of ${run.task_id === task.id && task.run_id === run.id ? run.revision : '?'}, journal up to #${task.last_sequence}, announced ${task.projected_state}</dd>
+<dt>projected</dt><dd>run revision ${task.projected_revision} of ${run.task_id === task.id && task.run_id === run.id ? run.revision : '?'}, journal up to #${task.last_sequence}, announced ${task.projected_state}</dd>
 </dl>
 ${data.taskRuns.length > 1 ? html`<h3>Runs of this task</h3><ul>${data.taskRuns.map((other) => html`<li><a class="mono" href="${runHref(other.id)}">${other.id}</a> ${pill(other.status)} ${other.termination_reason ?? ''}</li>`)}</ul>` : ''}
 <h3>States the task announced (its journal, without content)</h3>

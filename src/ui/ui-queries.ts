@@ -63,7 +63,7 @@ const taskInfo = z.object({
   context_id: z.string(),
   client: z.string(),
   run_id: z.string(),
-  revision: z.number(),
+  projected_revision: z.number(),
   projected_state: z.string(),
   last_sequence: z.number(),
   status_timestamp: z.number(),
@@ -73,7 +73,7 @@ export type TaskInfo = z.infer<typeof taskInfo>;
 
 export async function taskOfRun(db: CommonQueryMethods, taskId: string): Promise<TaskInfo | null> {
   return db.maybeOne(sql.type(taskInfo)`
-    SELECT t.id, t.state, t.context_id, c.name AS client, t.run_id, t.revision, t.projected_state, t.last_sequence, t.status_timestamp, t.created_at
+    SELECT t.id, t.state, t.context_id, c.name AS client, t.run_id, t.projected_revision, t.projected_state, t.last_sequence, t.status_timestamp, t.created_at
     FROM a2a_tasks t JOIN clients c ON c.id = t.owner WHERE t.id = ${taskId}`);
 }
 
@@ -132,7 +132,7 @@ export async function badges(db: CommonQueryMethods): Promise<Badges> {
 /** A fingerprint of what a run page shows: it changes whenever the run, its task or its deliveries do. */
 export async function runVersion(db: CommonQueryMethods, runId: string): Promise<string | null> {
   return db.maybeOneFirst(sql.type(z.object({ version: z.string() }))`
-    SELECT concat_ws(':', r.revision, r.status, t.revision, t.last_sequence,
+    SELECT concat_ws(':', r.revision, r.status, t.projected_revision, t.last_sequence,
       (SELECT count(*) || '-' || coalesce(sum(d.attempts), 0) || '-' || count(*) FILTER (WHERE d.state <> 'pending') FROM push_deliveries d WHERE d.task_id = r.task_id),
       (SELECT count(*) FROM run_events e WHERE e.run_id = r.id)) AS version
     FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id WHERE r.id = ${runId}`);

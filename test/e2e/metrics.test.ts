@@ -90,7 +90,7 @@ beforeAll(async () => {
       (await keel.context.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
         SELECT count(*)::int AS n FROM push_deliveries WHERE state <> 'delivered'`)) === 0 &&
       (await keel.context.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
-        SELECT count(*)::int AS n FROM a2a_tasks t JOIN runs r ON r.id = t.run_id WHERE r.revision > t.revision`)) === 0,
+        SELECT count(*)::int AS n FROM a2a_tasks t JOIN runs r ON r.id = t.run_id WHERE r.revision > t.projected_revision`)) === 0,
     'deliveries and projections to settle',
   );
 });

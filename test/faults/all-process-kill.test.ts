@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, expect, it } from 'vitest';
+import { BACKEND } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { expectClean, expectedEcho, finishScenario, pendingRuns, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { sleep, startPrivateRedis, type PrivateRedis } from './support/services.js';
+import { sleep } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: the single `keel start` process (role all) on the embedded default (its own
 // Postgres in its data directory; on the Redis backend, queues on the suite's private Redis) is
@@ -11,30 +11,14 @@ import { sleep, startPrivateRedis, type PrivateRedis } from './support/services.
 // killed process leaves its embedded Postgres running; the new one stops that orphan and starts its
 // own. Clients get connection errors meanwhile and send again.
 
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-});
+const suite = useFaultSuite({ postgres: 'embedded', receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
 describe(`SIGKILL of the single all process on the ${BACKEND} queue backend`, () => {
   it(
     'the all process killed under load and restarted on the same data: nothing lost',
     async () => {
-      const installation = await Installation.create({ postgres: null, redis, model });
-      installations.push(installation);
+      const { receiver } = suite;
+      const installation = await suite.install();
       const keel = await installation.addNode('all');
       const faults: Record<string, unknown> = {};
 

@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, it } from 'vitest';
+import { BACKEND } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver, type ReceiverAction } from './support/peers.js';
+import type { ReceiverAction } from './support/peers.js';
 import { expectClean, expectedEcho, finishScenario, SCENARIO_TIMEOUT_MS } from './support/scenario.js';
-import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: a push receiver that fails at random. Of its answers 20 % are connection resets
 // (the socket destroyed before any answer), 20 % are 503, 10 % are slow beyond Keel's push timeout
@@ -14,12 +14,6 @@ import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type Pri
 // through the test-only KEEL_TEST_PUSH_MAX_ATTEMPTS) so that a delivery's run of bad luck
 // (0.5^8 ≈ 0.4 % per delivery, over ~700 deliveries) does not end it as dead.
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
 const flaky = (): ReceiverAction => {
   const roll = Math.random();
   if (roll < 0.2) return { kind: 'reset' };
@@ -29,27 +23,14 @@ const flaky = (): ReceiverAction => {
   return { kind: 'ok' };
 };
 
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 50, maxDelayMs: 150 });
-  receiver = await startPushReceiver(flaky);
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-  await postgres?.stop();
-});
+const suite = useFaultSuite({ receiver: flaky, model: { minDelayMs: 50, maxDelayMs: 150 } });
 
 describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () => {
   it(
     'resets, 503s and slow answers: every event arrives, in order per config',
     async () => {
-      const installation = await Installation.create({ postgres, redis, model, env: { KEEL_TEST_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
-      installations.push(installation);
+      const { receiver } = suite;
+      const installation = await suite.install({ env: { KEEL_TEST_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
       await installation.addNode('all');
       const startedAt = Date.now();
       const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 240, ratePerSecond: 40, maxInFlight: 60, pushUrl: receiver.url, expected: expectedEcho });

@@ -1,27 +1,22 @@
 import { sql, type DatabasePool } from 'slonik';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { createDatabasePool, probeDatabase } from '../../src/db/pool.js';
 import { until } from './support/scenario.js';
-import { sleep, startPrivatePostgres, type CrashMode, type PrivatePostgres } from './support/services.js';
+import { sleep, type CrashMode } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Keel's database pool across a Postgres crash, without Keel around it: every pooled connection is
 // running a query when the server dies. slonik 47 left such connections in the pool for ever
 // (PENDING_DESTROY), so the pool never opened a connection to the restarted server and every
 // checkout waited without end. The pool must be whole again within seconds of the server's return.
 
-let postgres: PrivatePostgres;
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-});
-
-afterAll(async () => {
-  await postgres?.stop();
-});
+// Only the private Postgres: no Keel, no model, no receiver, no Redis.
+const suite = useFaultSuite({ receiver: null, model: null, redis: 'none' });
 
 describe('the database pool across a Postgres crash', () => {
   it.each<CrashMode>(['immediate', 'kill'])('%s: connections that die mid-query leave the pool, which serves again', async (mode) => {
+    const { postgres } = suite;
     const pool: DatabasePool = await createDatabasePool(await postgres.createDatabase(`pool_crash_${mode}`), { maximumPoolSize: 5 });
     let stopped = false;
     let answered = 0;

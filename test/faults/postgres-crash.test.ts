@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, expect, it } from 'vitest';
+import { BACKEND } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { expectClean, expectedEcho, finishScenario, pendingRuns, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { sleep, startPrivatePostgres, startPrivateRedis, type CrashMode, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { sleep, type CrashMode } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: Postgres crashes under load. Unlike a fast shutdown, a crash (`pg_ctl stop -m
 // immediate`, or SIGKILL of the postmaster) drops every connection while queries are in flight and
@@ -18,26 +18,7 @@ const ANSWER_AGAIN_BOUND_MS = 15_000;
 /** /readyz probes with a 2 s deadline; the margin is for a loaded two-core machine. */
 const READYZ_ANSWER_BOUND_MS = 4_000;
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-  await postgres?.stop();
-});
+const suite = useFaultSuite({ receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
 type Readyz = { status: number; elapsedMs: number; body: { status?: string; reasons?: { database?: string } } | null };
 
@@ -70,8 +51,8 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
   ])(
     '%s: after %s and crash recovery Keel answers again within seconds, nothing lost',
     async (mode) => {
-      const installation = await Installation.create({ postgres, redis, model });
-      installations.push(installation);
+      const { postgres, receiver } = suite;
+      const installation = await suite.install();
       const api = await installation.addNode('api');
       const worker = await installation.addNode('worker');
       const pool = await installation.pool();
@@ -137,8 +118,8 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
   );
 
   it('a frozen Postgres (every process stopped, connections open): /readyz still answers within its timeout and says why', async () => {
-    const installation = await Installation.create({ postgres, redis, model });
-    installations.push(installation);
+    const { postgres } = suite;
+    const installation = await suite.install();
     const api = await installation.addNode('api');
     await postgres.freeze();
     let whileFrozen: Readyz;

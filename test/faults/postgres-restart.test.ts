@@ -1,42 +1,22 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, expect, it } from 'vitest';
+import { BACKEND } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { expectClean, expectedEcho, finishScenario, pendingRuns, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: the database restarted under load. The suite's private embedded Postgres is shut
 // down fast (every connection dropped), stays down 3 s and comes back on the same port, while one
 // API process and one worker process serve 240 tasks. Keel must reconnect without operator action:
 // the slonik pool, the journal listener (LISTEN), and on the Postgres queue backend BullMQ itself.
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-  await postgres?.stop();
-});
+const suite = useFaultSuite({ receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
 describe(`Postgres restarted under load on the ${BACKEND} queue backend`, () => {
   it(
     'a fast shutdown and restart of Postgres: Keel reconnects by itself, nothing lost',
     async () => {
-      const installation = await Installation.create({ postgres, redis, model });
-      installations.push(installation);
+      const { postgres, receiver } = suite;
+      const installation = await suite.install();
       const api = await installation.addNode('api');
       const worker = await installation.addNode('worker');
       const pool = await installation.pool();

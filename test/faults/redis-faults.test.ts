@@ -1,9 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, expect, it } from 'vitest';
+import { BACKEND, type Installation } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { expectClean, expectedEcho, finishScenario, pendingRuns, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import type { PrivateRedis } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenarios of the queue's Redis (the suite's private redis-server, never the shared one):
 // FLUSHALL under load, and Redis stopped for 10 s and started again (empty: no persistence). Every
@@ -13,32 +13,12 @@ import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type Pri
 // On the Postgres queue backend there is no Redis at all: these scenarios do not apply and are
 // skipped (KEEL_TEST_QUEUE=redis runs them).
 
-let postgres: PrivatePostgres;
-let model: FakeModel;
-let receiver: PushReceiver;
-const redises: PrivateRedis[] = [];
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  if (BACKEND !== 'redis') return;
-  postgres = await startPrivatePostgres();
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  for (const redis of redises) await redis.stop();
-  await receiver?.close();
-  await model?.close();
-  await postgres?.stop();
-});
+// Each scenario has a Redis of its own (flushed or stopped by it), not one for the file.
+const suite = useFaultSuite({ skip: BACKEND !== 'redis', redis: 'none', receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
 async function setUp(): Promise<{ installation: Installation; redis: PrivateRedis }> {
-  const redis = await startPrivateRedis();
-  redises.push(redis);
-  const installation = await Installation.create({ postgres, redis, model });
-  installations.push(installation);
+  const redis = await suite.startRedis();
+  const installation = await suite.install({ redis });
   await installation.addNode('api');
   await installation.addNode('worker');
   return { installation, redis };
@@ -49,6 +29,7 @@ describe.skipIf(BACKEND !== 'redis')('the queue Redis flushed or stopped (Redis 
     'FLUSHALL under load: the sweeper restores every job, nothing lost',
     async () => {
       const { installation, redis } = await setUp();
+      const { receiver } = suite;
       const pool = await installation.pool();
       const faults: Record<string, unknown> = {};
       const startedAt = Date.now();
@@ -76,6 +57,7 @@ describe.skipIf(BACKEND !== 'redis')('the queue Redis flushed or stopped (Redis 
     'Redis stopped for 10 s and started again (empty): Keel reconnects, nothing lost',
     async () => {
       const { installation, redis } = await setUp();
+      const { receiver } = suite;
       const pool = await installation.pool();
       const faults: Record<string, unknown> = {};
       const startedAt = Date.now();

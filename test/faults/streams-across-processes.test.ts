@@ -1,16 +1,16 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { sql, type DatabasePool } from 'slonik';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import type { StreamResponse } from '../../src/protocol/wire.js';
 import { readJournal, type JournalEvent } from '../../src/tasks/journal.js';
 import { TEST_TOOLS_MODULE } from '../support/run-helpers.js';
 import { machine, RESULTS_DIR } from './support/counts.js';
-import { BACKEND, Installation } from './support/installation.js';
+import { BACKEND } from './support/installation.js';
 import { TERMINAL_STATES } from './support/load.js';
-import type { FakeModel } from './support/peers.js';
 import { runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { sleep, startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { sleep } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Streams across processes, and graceful shutdown, with real `keel start --role ...` children.
 //
@@ -54,23 +54,8 @@ import { sleep, startPrivatePostgres, startPrivateRedis, type PrivatePostgres, t
 //      refused or reset, or 503) within moments, and creates nothing. The process exits 0 within
 //      grace + 5 s.
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-const installations: Installation[] = [];
-
-/** Installation wants a model for its default agent; the agents here are scripted. */
-const NO_MODEL: FakeModel = { baseUrl: 'http://127.0.0.1:9/v1', calls: () => 0, close: async () => undefined };
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await redis?.stop();
-  await postgres?.stop();
-});
+// The agents here are scripted and send no push: no model server, no receiver.
+const suite = useFaultSuite({ receiver: null, model: null });
 
 // ---------------------------------------------------------------------------------------------
 // The writers' log: which process (by its faults.node session setting) wrote what.
@@ -355,13 +340,9 @@ describe(`streams across processes on the ${BACKEND} queue backend`, () => {
   it(
     'a stream opened on API A resumes on API B with Last-Event-ID; a subscription on B sees the worker\'s events live',
     async () => {
-      const installation = await Installation.create({
-        postgres,
-        redis,
-        model: NO_MODEL,
+      const installation = await suite.install({
         env: { ...TOOLS, KEEL_PROVIDERS: JSON.stringify({ chunks: CHUNKS }), KEEL_AGENTS: JSON.stringify([{ id: 'chunks', name: 'Chunks', provider: 'chunks', tools: ['lookup'], privacy: { answerLevel: 'full' } }]) },
       });
-      installations.push(installation);
       const pool = await installation.pool();
       await logWriters(pool);
       const [apiA, apiB, worker] = await Promise.all([
@@ -518,10 +499,7 @@ describe(`graceful shutdown on the ${BACKEND} queue backend`, () => {
   it(
     'SIGTERM: short runs finish and their streams end with the terminal event, long runs are released and completed elsewhere once, their streams resume on another API, exit 0',
     async () => {
-      const installation = await Installation.create({
-        postgres,
-        redis,
-        model: NO_MODEL,
+      const installation = await suite.install({
         env: {
           ...TOOLS,
           KEEL_RUNS_SHUTDOWN_GRACE_SECONDS: String(GRACE_SECONDS),
@@ -535,7 +513,6 @@ describe(`graceful shutdown on the ${BACKEND} queue backend`, () => {
           ]),
         },
       });
-      installations.push(installation);
       const pool = await installation.pool();
       await logWriters(pool);
       const [stopping, apiB2] = await Promise.all([installation.addNode('all', nodeEnv('all-x')), installation.addNode('api', nodeEnv('api-b2'))]);

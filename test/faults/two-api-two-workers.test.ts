@@ -1,13 +1,13 @@
 import { sql, type DatabasePool } from 'slonik';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { createClient } from '../../src/auth/client-repository.js';
 import { suspendedStateContext } from '../../src/runs/run-repository.js';
-import { BACKEND, Installation } from './support/installation.js';
+import { BACKEND, type Installation } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { expectClean, finishScenario, pendingRuns, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { freePort, startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { freePort } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: two API processes and two worker processes of one installation; the clients
 // spread 240 tasks over both APIs (a third with a push config). Every sixth task goes to the
@@ -19,26 +19,7 @@ import { freePort, startPrivatePostgres, startPrivateRedis, type PrivatePostgres
 // Dependencies resolved twice are counted by triggers the test adds to this scenario's own
 // database: every resolution of a dependency and every run leaving waiting_for_dependency is logged.
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-  await postgres?.stop();
-});
+const suite = useFaultSuite({ receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
 const DELEGATE = {
   providers: { script: { type: 'scripted', steps: [{ toolCalls: [{ name: 'remote_agent', arguments: { agent: 'peer', message: 'ping' } }] }, { reply: 'delegated: {{tool_result}}' }] } },
@@ -109,10 +90,8 @@ describe(`two API and two worker processes on the ${BACKEND} queue backend`, () 
     async () => {
       const apiPort = await freePort();
       const api1 = `http://127.0.0.1:${apiPort}`;
-      const installation = await Installation.create({
-        postgres,
-        redis,
-        model,
+      const { model, receiver } = suite;
+      const installation = await suite.install({
         env: {
           KEEL_PROVIDERS: JSON.stringify({ fake: { type: 'openai', baseUrl: model.baseUrl, model: 'fake', timeoutSeconds: 10 }, ...DELEGATE.providers }),
           KEEL_AGENTS: JSON.stringify([{ id: 'model', name: 'Model', provider: 'fake', privacy: { answerLevel: 'full' } }, DELEGATE.agent]),
@@ -122,7 +101,6 @@ describe(`two API and two worker processes on the ${BACKEND} queue backend`, () 
           KEEL_INBOX_UNACKNOWLEDGED_GIVE_UP_SECONDS: '15',
         },
       });
-      installations.push(installation);
       const pool = await installation.pool();
       await logResolutions(pool);
       const peer = await createClient(pool, 'peer');

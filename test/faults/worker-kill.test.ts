@@ -1,9 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BACKEND, Installation } from './support/installation.js';
+import { describe, expect, it } from 'vitest';
+import { BACKEND } from './support/installation.js';
 import { startLoad } from './support/load.js';
-import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver } from './support/peers.js';
 import { deliveriesInFlight, expectClean, finishScenario, projectionDebt, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
-import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './support/services.js';
+import { useFaultSuite } from './support/suite.js';
 
 // Fault scenario: one API process and one worker process (`keel start --role api|worker`); under
 // a load of 300 tasks (half blocking, each with a push config to a slowish loopback receiver) the
@@ -11,33 +10,14 @@ import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type Pri
 // are owed, and while push deliveries are in flight. Leases expire, the reaper requeues, the
 // sweeper restores projection and delivery debts; nothing may be lost, duplicated or undelivered.
 
-let postgres: PrivatePostgres;
-let redis: PrivateRedis | null = null;
-let model: FakeModel;
-let receiver: PushReceiver;
-const installations: Installation[] = [];
-
-beforeAll(async () => {
-  postgres = await startPrivatePostgres();
-  redis = BACKEND === 'redis' ? await startPrivateRedis() : null;
-  model = await startFakeModel({ minDelayMs: 200, maxDelayMs: 600 });
-  receiver = await startPushReceiver(() => ({ kind: 'ok', delayMs: 20 + Math.random() * 100 }));
-});
-
-afterAll(async () => {
-  for (const installation of installations) await installation.dispose();
-  await receiver?.close();
-  await model?.close();
-  await redis?.stop();
-  await postgres?.stop();
-});
+const suite = useFaultSuite({ receiver: () => ({ kind: 'ok', delayMs: 20 + Math.random() * 100 }) });
 
 describe(`worker SIGKILL on the ${BACKEND} queue backend`, () => {
   it(
     'a worker killed during runs, during projection and during push delivery, restarted each time: nothing lost',
     async () => {
-      const installation = await Installation.create({ postgres, redis, model });
-      installations.push(installation);
+      const { receiver } = suite;
+      const installation = await suite.install();
       await installation.addNode('api');
       const worker = await installation.addNode('worker');
       const pool = await installation.pool();

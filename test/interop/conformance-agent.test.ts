@@ -8,7 +8,7 @@ import { sdkClient, textMessage, type Binding } from '../support/a2a-client.js';
 import { readSse } from '../support/sse.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 
-// The built-in conformance agent (../shared/docs/conformance-agent.md) with the agents and provider
+// The built-in conformance agent (docs/conformance.md) with the agents and provider
 // of test/conformance.config.yaml, driven by the official SDK client on both bindings: each
 // messageId prefix gives the documented behaviour, through Keel's ordinary pipeline.
 

@@ -23,8 +23,8 @@ import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 // Every error code of a2a-v1.md reached by a real request, on both bindings, with its ErrorInfo
 // (reason, domain) in JSON-RPC `error.data` and in the REST `{error: {code, status, message,
 // details}}` body with its HTTP status; plus malformed JSON, wrong types, oversized bodies,
-// unknown methods and broken bytes. DESIGN.md: bad input gets the specified error, never a 500
-// and never a half-written row.
+// unknown methods and broken bytes. The rule (docs/architecture.md, "A2A server"): bad input gets
+// the specified error, never a 500 and never a half-written row.
 //
 // Three codes cannot be reached by any request to Keel; each has a test of what Keel does instead:
 // -32003 PushNotificationNotSupportedError: the specification (3.3.4, Capability Validation) makes

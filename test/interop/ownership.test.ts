@@ -21,7 +21,7 @@ import { sdkClient, textMessage } from '../support/a2a-client.js';
 import { BINDINGS, expectRestError, expectRpcError, halfWrittenRows, rawRest, rawRpc, rowCounts, type Binding } from '../support/a2a-wire.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 
-// Ownership (DESIGN.md, "A2A server rules"): each task and context belongs to the client that
+// Ownership (docs/architecture.md, "A2A server"): each task and context belongs to the client that
 // created it; another client gets TaskNotFoundError for every method on it, exactly as for a task
 // that never existed, sees none of it in ListTasks, and a contextId of someone else's names a
 // context of its own. Driven with the official @a2a-js/sdk client over HTTP on both bindings.

@@ -72,7 +72,7 @@ const taskSummary = z.object({
   state: z.string(),
   projected_state: z.string(),
   last_sequence: z.number(),
-  revision: z.number(),
+  projected_revision: z.number(),
   run_revision: z.number(),
   requeue_count: z.number(),
   termination_reason: z.string().nullable(),
@@ -89,7 +89,7 @@ export async function waitForQuiet(pool: DatabasePool, timeoutMs = 90_000): Prom
       const open = await pool.oneFirst(sql.type(z.object({ n: z.number() }))`
         SELECT ((SELECT count(*) FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
                  WHERE t.projected_state NOT IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED')
-                    OR r.revision > t.revision)
+                    OR r.revision > t.projected_revision)
               + (SELECT count(*) FROM push_deliveries WHERE state = 'pending'))::int AS n`);
       if (open === 0) return true;
     } catch {
@@ -118,7 +118,7 @@ export type CountInput = {
 export async function countScenario(input: CountInput): Promise<ScenarioCounts> {
   const { pool, sealer, load } = input;
   const tasks = await pool.any(sql.type(taskSummary)`
-    SELECT t.id, t.agent, t.state, t.projected_state, t.last_sequence, t.revision, r.revision AS run_revision, r.requeue_count, r.termination_reason
+    SELECT t.id, t.agent, t.state, t.projected_state, t.last_sequence, t.projected_revision, r.revision AS run_revision, r.requeue_count, r.termination_reason
     FROM a2a_tasks t JOIN runs r ON r.id = t.run_id`);
   const events = await pool.any(sql.type(eventRow)`SELECT task_id, sequence, kind, state, payload FROM a2a_events ORDER BY task_id, sequence`);
   const journals = new Map<string, Array<z.infer<typeof eventRow> & { response: StreamResponse }>>();
@@ -138,7 +138,7 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
   let duplicateEvents = 0;
   let sequenceGaps = 0;
   for (const task of tasks) {
-    if (task.run_revision > task.revision) unprojected += 1;
+    if (task.run_revision > task.projected_revision) unprojected += 1;
     const journal = journals.get(task.id) ?? [];
     // Sequences 1..n, n the watermark.
     if (journal.some((event, index) => event.sequence !== index + 1) || journal.length !== task.last_sequence) sequenceGaps += 1;

@@ -67,7 +67,7 @@ export async function runsClaimedBy(pool: DatabasePool, node: KeelNode): Promise
 
 /** Committed run revisions not yet in the journal. */
 export async function projectionDebt(pool: DatabasePool): Promise<number> {
-  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM a2a_tasks t JOIN runs r ON r.id = t.run_id WHERE r.revision > t.revision`);
+  return pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM a2a_tasks t JOIN runs r ON r.id = t.run_id WHERE r.revision > t.projected_revision`);
 }
 
 /** Deliveries whose attempt has begun and not ended (leased). */

@@ -28,10 +28,10 @@ import { startTestKeel, tempDir, testConfig, type TestKeel } from '../../support
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
-// Crash recovery of the run executor (issue 3, items 3 and 8; DESIGN.md "Run"): a real `keel start`
-// child process is SIGKILLed while it holds a run, and another Keel on the same database and queue
-// backend must recover it through the lease, the reaper and the requeue, or dead-letter it when it
-// died inside a non-idempotent tool call.
+// Crash recovery of the run executor (issue 3, items 3 and 8; docs/architecture.md, "The process
+// model"): a real `keel start` child process is SIGKILLed while it holds a run, and another Keel on
+// the same database and queue backend must recover it through the lease, the reaper and the
+// requeue, or dead-letter it when it died inside a non-idempotent tool call.
 
 const QUEUE = testQueueKind();
 const TOOL_MODULE = fileURLToPath(new URL('../../fixtures/test-tools.ts', import.meta.url));
@@ -340,7 +340,7 @@ describe(`executor crash recovery on the ${QUEUE} queue backend`, () => {
     const queues = new KeelQueues(queueBackend(db.url, queuePrefix), silentLogger());
     queueSets.push(queues);
     const context = { pool: db.pool, queues, logger: silentLogger() };
-    // The shipped defaults (DESIGN.md): at most 3 requeues, delay min(30 s × 2^n, 600 s).
+    // The shipped defaults (docs/decisions/0006): at most 3 requeues, delay min(30 s × 2^n, 600 s).
     const { runs } = testConfig(db.url);
     const policy: ReaperPolicy = { maxRequeues: runs.maxRequeues, requeueBaseMs: runs.requeueBaseSeconds * 1000, requeueMaxMs: runs.requeueMaxSeconds * 1000 };
     expect(policy).toEqual({ maxRequeues: 3, requeueBaseMs: 30_000, requeueMaxMs: 600_000 });

@@ -19,7 +19,7 @@ import {
   type Responder,
 } from './push-support.js';
 
-// The outcome classes of one delivery attempt (DESIGN.md "Push notifications, sender side"),
+// The outcome classes of one delivery attempt (docs/push.md, "Outcome classes"),
 // each against a real HTTP receiver on loopback: 2xx delivered; 429/502/503/504, a redirect, a
 // timeout or a connection error retried with backoff (Retry-After honoured up to the ceiling), at
 // most 8 attempts; 401/403 pause the config until resumed; 404/410 stop it; anything else kills

@@ -138,10 +138,13 @@ describe(`runs.approvalTimeoutHours`, () => {
 
   it('spares a run approved between the listing and the guarded write', async () => {
     const { id, digest } = await waitingTask();
-    await waitingSince(id, 73);
-    expect(await listApprovalsPastTimeout(keel.context.pool, 72, 1000)).toContain(id);
+    // A timeout of a millisecond, passed to the sweep's two steps by hand: the scheduled sweep
+    // (72 h here) never touches this run, so the approval is the only thing between the steps.
+    const timeoutHours = 0.001 / 3600;
+    await waitingSince(id, 0.01 / 3600);
+    expect(await listApprovalsPastTimeout(keel.context.pool, timeoutHours, 1000)).toContain(id);
     expect((await decideApproval(keel.context, id, digest, true)).ok).toBe(true);
-    expect(await timeOutApproval(keel.context.pool, id, 72)).toBeNull();
+    expect(await timeOutApproval(keel.context.pool, id, timeoutHours)).toBeNull();
     const run = await waitForRunStatus(keel.context.pool, id, TERMINAL);
     expect(run).toMatchObject({ status: 'completed', termination_reason: 'completed' });
     expect((await listRunEvents(keel.context.pool, id)).map((event) => event.kind)).not.toContain('approval_timed_out');

@@ -4,7 +4,7 @@ import { RUN_STATUSES, TERMINAL_RUN_STATUSES, runMachine } from '../../../machin
 import { allowedFrom, finalStates, machineEdges, machineStates, targetOf } from '../../../machines/transitions.js';
 
 describe('run machine', () => {
-  it('has exactly the statuses of DESIGN.md, the last three final', () => {
+  it('has exactly the eight run statuses, the last three final', () => {
     expect(machineStates(runMachine)).toEqual([...RUN_STATUSES]);
     expect(finalStates(runMachine)).toEqual([...TERMINAL_RUN_STATUSES]);
   });

@@ -17,7 +17,8 @@ const min = (...levels: Array<PrivacyLevel | undefined>): PrivacyLevel =>
   ORDER[Math.min(...levels.filter((l): l is PrivacyLevel => l !== undefined).map(rank))];
 
 describe('resolveCeilings: the global level alone', () => {
-  // DESIGN.md: both ceilings start from privacy.level; for answers a global `metadata` keeps a full answer.
+  // docs/architecture.md, "Privacy": both ceilings start from privacy.level; for answers a global
+  // `metadata` keeps a full answer.
   it.each<[PrivacyLevel | undefined, Ceilings]>([
     [undefined, { auditLevel: 'metadata', answerLevel: 'full' }],
     ['none', { auditLevel: 'none', answerLevel: 'none' }],

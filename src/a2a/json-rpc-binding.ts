@@ -1,0 +1,198 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { KeelLogger } from '../log/logger.js';
+import {
+  cancelTaskParamsSchema,
+  createPushConfigParamsSchema,
+  deletePushConfigParamsSchema,
+  extendedCardParamsSchema,
+  getPushConfigParamsSchema,
+  getTaskParamsSchema,
+  listPushConfigsParamsSchema,
+  listTasksParamsSchema,
+  sendMessageParamsSchema,
+  subscribeParamsSchema,
+} from '../protocol/wire.js';
+import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
+import type { A2AService, Caller, StreamItem } from './a2a-service.js';
+import { challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, streamToSse, type BindingDeps } from './binding-support.js';
+import { lastEventId } from './sse.js';
+
+// The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
+// handler in jsonRpcMethods parses its params and calls the service.
+
+type RpcId = string | number | null;
+
+/** One JSON-RPC request that passed the gate and the envelope checks. */
+export type JsonRpcCall = {
+  request: FastifyRequest;
+  reply: FastifyReply;
+  id: RpcId;
+  params: unknown;
+  caller: Caller;
+  activated: string[];
+  service: A2AService;
+  logger: KeelLogger;
+};
+
+export type JsonRpcMethodHandler = (call: JsonRpcCall) => Promise<unknown>;
+
+function rpcError(reply: FastifyReply, id: RpcId, error: A2AError) {
+  challengeIfUnauthenticated(reply, error);
+  const status = error.httpStatus === 401 ? 401 : error.httpStatus === 404 && error.code === A2AErrors.methodNotFound('').code && error.message.startsWith('no agent') ? 404 : 200;
+  return reply.code(status).type('application/json').send({ jsonrpc: '2.0', id, error: jsonRpcError(error) });
+}
+
+const rpcResult = (reply: FastifyReply, id: RpcId, result: unknown) => reply.type('application/json').send({ jsonrpc: '2.0', id, result });
+
+const answer = (call: JsonRpcCall, result: Result<unknown>) => (result.ok ? rpcResult(call.reply, call.id, result.value) : rpcError(call.reply, call.id, result.error));
+
+const rpcFrame = (id: RpcId) => (item: StreamItem) => ({ jsonrpc: '2.0', id, result: item.response });
+
+/**
+ * The id of a JSON-RPC request body, for errors found before the envelope is checked (version,
+ * extensions, authentication): JSON-RPC 2.0 answers with the request's id whenever it can be read.
+ */
+function envelopeId(body: unknown): RpcId {
+  try {
+    const parsed = JSON.parse(String(body ?? '')) as unknown;
+    const id = typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) ? (parsed as Record<string, unknown>).id : undefined;
+    return typeof id === 'string' || typeof id === 'number' ? id : null;
+  } catch {
+    return null;
+  }
+}
+
+export async function handleSendMessage(call: JsonRpcCall) {
+  const input = parseParams(sendMessageParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.sendMessage(call.caller, input.value)) : answer(call, input);
+}
+
+export async function handleSendStreamingMessage(call: JsonRpcCall) {
+  const { service, caller } = call;
+  const input = parseParams(sendMessageParamsSchema, call.params);
+  if (!input.ok) return answer(call, input);
+  const accepted = await service.acceptMessage(caller, input.value);
+  if (!accepted.ok) return answer(call, accepted);
+  const { taskId } = accepted.value;
+  const continuing = input.value.message.taskId !== undefined;
+  return streamToSse(
+    call.logger,
+    call.request,
+    call.reply,
+    (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
+    rpcFrame(call.id),
+    call.activated,
+  );
+}
+
+export async function handleGetTask(call: JsonRpcCall) {
+  const input = parseParams(getTaskParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.getTask(call.caller, input.value.id, input.value.historyLength)) : answer(call, input);
+}
+
+export async function handleListTasks(call: JsonRpcCall) {
+  const input = parseParams(listTasksParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.listTasks(call.caller, input.value)) : answer(call, input);
+}
+
+export async function handleCancelTask(call: JsonRpcCall) {
+  const input = parseParams(cancelTaskParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.cancelTask(call.caller, input.value.id)) : answer(call, input);
+}
+
+export async function handleSubscribeToTask(call: JsonRpcCall) {
+  const { service, caller } = call;
+  const input = parseParams(subscribeParamsSchema, call.params);
+  if (!input.ok) return answer(call, input);
+  const check = await service.checkSubscribable(caller, input.value.id);
+  if (!check.ok) return answer(call, check);
+  const resumeAfter = lastEventId(call.request);
+  return streamToSse(
+    call.logger,
+    call.request,
+    call.reply,
+    (signal) => service.stream(caller, input.value.id, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
+    rpcFrame(call.id),
+    call.activated,
+  );
+}
+
+export async function handleCreateTaskPushNotificationConfig(call: JsonRpcCall) {
+  const input = parseParams(createPushConfigParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.createPushConfig(call.caller, input.value)) : answer(call, input);
+}
+
+export async function handleGetTaskPushNotificationConfig(call: JsonRpcCall) {
+  const input = parseParams(getPushConfigParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.getPushConfig(call.caller, input.value.taskId, input.value.id)) : answer(call, input);
+}
+
+export async function handleListTaskPushNotificationConfigs(call: JsonRpcCall) {
+  const input = parseParams(listPushConfigsParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.listPushConfigs(call.caller, input.value.taskId, input.value.pageSize, input.value.pageToken)) : answer(call, input);
+}
+
+export async function handleDeleteTaskPushNotificationConfig(call: JsonRpcCall) {
+  const input = parseParams(deletePushConfigParamsSchema, call.params);
+  return input.ok ? answer(call, await call.service.deletePushConfig(call.caller, input.value.taskId, input.value.id)) : answer(call, input);
+}
+
+export async function handleGetExtendedAgentCard(call: JsonRpcCall) {
+  const input = parseParams(extendedCardParamsSchema, call.params);
+  return input.ok ? answer(call, call.service.extendedCard(call.caller)) : answer(call, input);
+}
+
+/** The A2A 1.0 methods by their JSON-RPC names. */
+export const jsonRpcMethods: Readonly<Record<string, JsonRpcMethodHandler>> = {
+  SendMessage: handleSendMessage,
+  SendStreamingMessage: handleSendStreamingMessage,
+  GetTask: handleGetTask,
+  ListTasks: handleListTasks,
+  CancelTask: handleCancelTask,
+  SubscribeToTask: handleSubscribeToTask,
+  CreateTaskPushNotificationConfig: handleCreateTaskPushNotificationConfig,
+  GetTaskPushNotificationConfig: handleGetTaskPushNotificationConfig,
+  ListTaskPushNotificationConfigs: handleListTaskPushNotificationConfigs,
+  DeleteTaskPushNotificationConfig: handleDeleteTaskPushNotificationConfig,
+  GetExtendedAgentCard: handleGetExtendedAgentCard,
+};
+
+/** The handler of a method name; own keys only, so "toString" or "__proto__" is no method. */
+export function jsonRpcMethod(name: string): JsonRpcMethodHandler | undefined {
+  return Object.hasOwn(jsonRpcMethods, name) ? jsonRpcMethods[name] : undefined;
+}
+
+export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps): void {
+  const { service, gate, logger } = deps;
+  const rpcHandler = async (request: FastifyRequest<{ Params: { agent: string } }>, reply: FastifyReply) => {
+    const guard = await gate(request, request.params.agent);
+    if (!guard.ok) return rpcError(reply, envelopeId(request.body), guard.error);
+    if (guard.activated.length) reply.header('a2a-extensions', guard.activated.join(', '));
+    const type = mediaType(request);
+    if (!JSON_TYPES.has(type)) return rpcError(reply, null, A2AErrors.invalidRequest(`content type ${type || '(none)'} is not JSON; send application/json`));
+    let envelope: unknown;
+    try {
+      envelope = JSON.parse(String(request.body ?? ''));
+    } catch (error) {
+      return rpcError(reply, null, A2AErrors.parse(`the body is not valid JSON: ${(error as Error).message}`));
+    }
+    if (typeof envelope !== 'object' || envelope === null || Array.isArray(envelope)) {
+      return rpcError(reply, null, A2AErrors.invalidRequest(Array.isArray(envelope) ? 'batch requests are not supported' : 'a JSON-RPC request is an object'));
+    }
+    const { jsonrpc, method, params, id: rawId } = envelope as Record<string, unknown>;
+    const id: RpcId = typeof rawId === 'string' || typeof rawId === 'number' ? rawId : null;
+    if (jsonrpc !== '2.0' || typeof method !== 'string' || (rawId !== undefined && rawId !== null && id === null)) {
+      return rpcError(reply, id, A2AErrors.invalidRequest('expected {"jsonrpc": "2.0", "method": <string>, "id": <string|number>, "params": <object>}'));
+    }
+    if (params !== undefined && (typeof params !== 'object' || params === null || Array.isArray(params))) {
+      return rpcError(reply, id, invalidParams([{ path: [], message: 'params must be an object' }]));
+    }
+    const handler = jsonRpcMethod(method);
+    if (!handler) return rpcError(reply, id, A2AErrors.methodNotFound(`method ${method} does not exist (A2A 1.0 names, e.g. SendMessage)`));
+    return handler({ request, reply, id, params, caller: guard.caller, activated: guard.activated, service, logger });
+  };
+  // The interface URL exactly, and with a trailing slash (clients that join "/" onto the URL, as
+  // the conformance kit's httpx client does); no HTTP+JSON operation lives at POST /a2a/<agent>/.
+  app.post<{ Params: { agent: string } }>('/a2a/:agent', rpcHandler);
+  app.post<{ Params: { agent: string } }>('/a2a/:agent/', rpcHandler);
+}
