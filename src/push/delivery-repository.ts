@@ -1,9 +1,9 @@
-import { randomUUID } from 'node:crypto';
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { allowedFrom } from '../../machines/transitions.js';
 import { deliveryMachine, type DeliveryEvent, type DeliveryState } from '../../machines/delivery.machine.js';
 import { pushConfigMachine, type PushConfigEvent } from '../../machines/push-config.machine.js';
+import { deliveryIdOf } from './delivery-id.js';
 
 // push_deliveries and push_attempts: the outbox. Every state change is one guarded write whose
 // allowed-from states come from the machines.
@@ -46,7 +46,7 @@ export async function recordDeliveriesFor(
 ): Promise<string[]> {
   if (events.length === 0 || configs.length === 0) return [];
   const rows = configs.flatMap((configId) =>
-    events.map((event) => [randomUUID(), taskId, configId, event.sequence, event.terminal, event.coalescible] as const),
+    events.map((event) => [deliveryIdOf(taskId, configId, event.sequence), taskId, configId, event.sequence, event.terminal, event.coalescible] as const),
   );
   await db.query(sql.unsafe`
     INSERT INTO push_deliveries (id, task_id, config_id, event_sequence, terminal, coalescible, deadline)

@@ -54,14 +54,13 @@ export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: stri
 
 async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string, options: ProjectionOptions): Promise<ProjectionResult> {
   {
-    // One statement: lock the task row (never the run row), read the run's committed state, and
-    // let this commit skip the WAL flush wait: the journal is derived from committed run state and
-    // a projection lost in a crash is projected again, identically.
+    // One statement: lock the task row (never the run row) and read the run's committed state. The
+    // commit waits for its WAL flush like every other: its NOTIFY releases blocking answers, wakes
+    // streams and makes deliveries due, so nothing it shows may be lost in a crash.
     const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
       SELECT t.id, t.context_id, t.projected_revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
         r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
-        EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs,
-        set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
+        EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs
       FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
       WHERE t.run_id = ${runId} FOR UPDATE OF t`);
     if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };
