@@ -25,6 +25,7 @@ const make = (code: number, reason: string, httpStatus: number, status: string) 
   ...extra,
 });
 
+// httpStatus is the HTTP+JSON status of specification 5.4's table (docs/conformance.md).
 export const A2AErrors = {
   parse: make(-32700, 'PARSE_ERROR', 400, 'INVALID_ARGUMENT'),
   invalidRequest: make(-32600, 'INVALID_REQUEST', 400, 'INVALID_ARGUMENT'),
@@ -32,12 +33,12 @@ export const A2AErrors = {
   invalidParams: make(-32602, 'INVALID_ARGUMENT', 400, 'INVALID_ARGUMENT'),
   internal: make(-32603, 'INTERNAL', 500, 'INTERNAL'),
   taskNotFound: make(-32001, 'TASK_NOT_FOUND', 404, 'NOT_FOUND'),
-  taskNotCancelable: make(-32002, 'TASK_NOT_CANCELABLE', 400, 'FAILED_PRECONDITION'),
+  taskNotCancelable: make(-32002, 'TASK_NOT_CANCELABLE', 409, 'FAILED_PRECONDITION'),
   pushNotSupported: make(-32003, 'PUSH_NOTIFICATION_NOT_SUPPORTED', 400, 'FAILED_PRECONDITION'),
   unsupportedOperation: make(-32004, 'UNSUPPORTED_OPERATION', 400, 'FAILED_PRECONDITION'),
   resultNotRetainable: make(-32004, 'RESULT_NOT_RETAINABLE', 400, 'FAILED_PRECONDITION'),
-  contentTypeNotSupported: make(-32005, 'CONTENT_TYPE_NOT_SUPPORTED', 400, 'INVALID_ARGUMENT'),
-  invalidAgentResponse: make(-32006, 'INVALID_AGENT_RESPONSE', 500, 'INTERNAL'),
+  contentTypeNotSupported: make(-32005, 'CONTENT_TYPE_NOT_SUPPORTED', 415, 'INVALID_ARGUMENT'),
+  invalidAgentResponse: make(-32006, 'INVALID_AGENT_RESPONSE', 502, 'INTERNAL'),
   extendedCardNotConfigured: make(-32007, 'EXTENDED_AGENT_CARD_NOT_CONFIGURED', 400, 'FAILED_PRECONDITION'),
   extensionSupportRequired: make(-32008, 'EXTENSION_SUPPORT_REQUIRED', 400, 'FAILED_PRECONDITION'),
   versionNotSupported: make(-32009, 'VERSION_NOT_SUPPORTED', 400, 'FAILED_PRECONDITION'),

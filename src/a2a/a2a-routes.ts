@@ -5,7 +5,7 @@ import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
 import { A2AErrors, jsonRpcError, restError } from './a2a-error.js';
 import type { A2AService } from './a2a-service.js';
-import { A2A_JSON, headerValue, type Gate, type RequestGate } from './binding-support.js';
+import { A2A_JSON, headerValue, RESPONSE_JSON, type Gate, type RequestGate } from './binding-support.js';
 import { registerCardRoutes } from './card-routes.js';
 import { registerJsonRpcBinding } from './json-rpc-binding.js';
 import { registerRestBinding } from './rest-binding.js';
@@ -88,6 +88,6 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
     if ((error.statusCode ?? 500) >= 500) logger.error({ err: error, url: request.url }, 'request failed');
     const isRpc = request.method === 'POST' && /^\/a2a\/[^/]+\/?$/.test(request.url.split('?')[0]!);
     if (isRpc) return reply.code(tooLarge ? 200 : a2aError.httpStatus === 500 ? 500 : 200).type('application/json').send({ jsonrpc: '2.0', id: null, error: jsonRpcError(a2aError) });
-    return reply.code(a2aError.httpStatus).type(A2A_JSON).send(restError(a2aError));
+    return reply.code(a2aError.httpStatus).type(RESPONSE_JSON).send(restError(a2aError));
   });
 }

@@ -11,7 +11,9 @@ import { openSse } from './sse.js';
 // handed to each binding), media types, the params parse and the SSE stream of a task.
 
 export const A2A_JSON = 'application/a2a+json';
-export const JSON_TYPES = new Set(['application/json', A2A_JSON]);
+/** Both JSON media types are read; JSON-RPC and HTTP+JSON answer in this one (specification 9.1, 11.1). */
+export const RESPONSE_JSON = 'application/json';
+export const JSON_TYPES = new Set([RESPONSE_JSON, A2A_JSON]);
 
 /** The outcome of the checks every A2A request passes before its params are read. */
 export type Gate = { ok: true; caller: Caller; activated: string[] } | { ok: false; error: A2AError };

@@ -169,7 +169,7 @@ export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps):
     if (!guard.ok) return rpcError(reply, envelopeId(request.body), guard.error);
     if (guard.activated.length) reply.header('a2a-extensions', guard.activated.join(', '));
     const type = mediaType(request);
-    if (!JSON_TYPES.has(type)) return rpcError(reply, null, A2AErrors.invalidRequest(`content type ${type || '(none)'} is not JSON; send application/json`));
+    if (!JSON_TYPES.has(type)) return rpcError(reply, null, A2AErrors.contentTypeNotSupported(`content type ${type || '(none)'} is not supported; send application/json`));
     let envelope: unknown;
     try {
       envelope = JSON.parse(String(request.body ?? ''));

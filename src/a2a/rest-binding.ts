@@ -3,7 +3,7 @@ import type { KeelLogger } from '../log/logger.js';
 import { createPushConfigParamsSchema, getPushConfigParamsSchema, getTaskParamsSchema, listPushConfigsParamsSchema, listTasksParamsSchema, sendMessageParamsSchema } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller } from './a2a-service.js';
-import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, streamToSse, type BindingDeps } from './binding-support.js';
+import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -26,10 +26,10 @@ export type RestOperationHandler = (call: RestCall, match: RegExpExecArray) => P
 
 function restFail(reply: FastifyReply, error: A2AError) {
   challengeIfUnauthenticated(reply, error);
-  return reply.code(error.httpStatus).type(A2A_JSON).send(restError(error));
+  return reply.code(error.httpStatus).type(RESPONSE_JSON).send(restError(error));
 }
 
-const restAnswer = (reply: FastifyReply, result: Result<unknown>) => (result.ok ? reply.code(200).type(A2A_JSON).send(result.value) : restFail(reply, result.error));
+const restAnswer = (reply: FastifyReply, result: Result<unknown>) => (result.ok ? reply.code(200).type(RESPONSE_JSON).send(result.value) : restFail(reply, result.error));
 
 /** 405 for a method the operation does not take; `hint` names the ones it does. */
 const wrongMethod = (call: RestCall, hint = '') => restFail(call.reply, A2AErrors.methodNotFound(`${call.method} ${call.path} is not supported${hint}`, { httpStatus: 405 }));
@@ -76,8 +76,7 @@ function queryParams(request: FastifyRequest): Record<string, unknown> {
 function jsonBody(request: FastifyRequest): Result<unknown> {
   const type = mediaType(request);
   if (!JSON_TYPES.has(type)) {
-    // The request's own media type: HTTP's 415 (a part's media type is the 400 of specification 5.4).
-    return { ok: false, error: A2AErrors.contentTypeNotSupported(`content type ${type || '(none)'} is not supported; send ${A2A_JSON} or application/json`, { httpStatus: 415 }) };
+    return { ok: false, error: A2AErrors.contentTypeNotSupported(`content type ${type || '(none)'} is not supported; send ${RESPONSE_JSON} or ${A2A_JSON}`) };
   }
   try {
     return { ok: true, value: JSON.parse(String(request.body ?? '')) };

@@ -33,11 +33,9 @@ export const REST_REASONS: Record<number, readonly string[]> = {
     'PARSE_ERROR',
     'INVALID_REQUEST',
     'INVALID_ARGUMENT',
-    'TASK_NOT_CANCELABLE',
     'PUSH_NOTIFICATION_NOT_SUPPORTED',
     'UNSUPPORTED_OPERATION',
     'RESULT_NOT_RETAINABLE',
-    'CONTENT_TYPE_NOT_SUPPORTED',
     'EXTENDED_AGENT_CARD_NOT_CONFIGURED',
     'EXTENSION_SUPPORT_REQUIRED',
     'VERSION_NOT_SUPPORTED',
@@ -45,6 +43,7 @@ export const REST_REASONS: Record<number, readonly string[]> = {
   401: ['UNAUTHENTICATED'],
   404: ['TASK_NOT_FOUND', 'METHOD_NOT_FOUND'],
   405: ['METHOD_NOT_FOUND'],
+  409: ['TASK_NOT_CANCELABLE'],
   413: ['PAYLOAD_TOO_LARGE'],
   415: ['CONTENT_TYPE_NOT_SUPPORTED'],
 };
@@ -292,7 +291,7 @@ export function expectRpcAnswer(response: RawResponse, facts: RpcFacts, context:
     if (!oversized && facts.headers.contentType !== 'odd') {
       if (!facts.headers.authValid) expect(info!.reason, where).toBe('UNAUTHENTICATED');
       else if (!facts.headers.versionValid) expect(info!.reason, where).toBe('VERSION_NOT_SUPPORTED');
-      else if (facts.headers.contentType === 'other') expect(info!.reason, where).toBe('INVALID_REQUEST');
+      else if (facts.headers.contentType === 'other') expect(info!.reason, where).toBe('CONTENT_TYPE_NOT_SUPPORTED');
       else if (facts.parsed === undefined) expect(info!.reason, where).toBe('PARSE_ERROR');
     }
     // The id is the request's whenever the body could be read as an object with one.
@@ -333,7 +332,7 @@ export function expectRestAnswer(response: RawResponse, facts: RestFacts, contex
   }
 
   if (response.status >= 400) {
-    expect(response.contentType, where).toMatch(/^application\/a2a\+json/);
+    expect(response.contentType, where).toMatch(/^application\/json/);
     const body = response.body as { error?: Record<string, unknown> };
     expect(Object.keys(body ?? {}), where).toEqual(['error']);
     const error = body.error!;
@@ -365,7 +364,7 @@ export function expectRestAnswer(response: RawResponse, facts: RestFacts, contex
     const stream = expectStream(sseFrames(response.text), where);
     return { result: stream ? { task: { id: stream.taskId, contextId: stream.contextId } } : {} };
   }
-  expect(response.contentType, where).toMatch(/^application\/a2a\+json/);
+  expect(response.contentType, where).toMatch(/^application\/json/);
   expectShape(RESULTS[facts.op!], response.body, where);
   return { result: response.body };
 }

@@ -52,13 +52,11 @@ const E = {
   methodNotFound: { code: -32601, reason: 'METHOD_NOT_FOUND', httpStatus: 404, status: 'NOT_FOUND' },
   invalidParams: { code: -32602, reason: 'INVALID_ARGUMENT', httpStatus: 400, status: 'INVALID_ARGUMENT' },
   taskNotFound: { code: -32001, reason: 'TASK_NOT_FOUND', httpStatus: 404, status: 'NOT_FOUND' },
-  taskNotCancelable: { code: -32002, reason: 'TASK_NOT_CANCELABLE', httpStatus: 400, status: 'FAILED_PRECONDITION' },
+  taskNotCancelable: { code: -32002, reason: 'TASK_NOT_CANCELABLE', httpStatus: 409, status: 'FAILED_PRECONDITION' },
   unsupportedOperation: { code: -32004, reason: 'UNSUPPORTED_OPERATION', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   resultNotRetainable: { code: -32004, reason: 'RESULT_NOT_RETAINABLE', httpStatus: 400, status: 'FAILED_PRECONDITION' },
-  // REST answers an unsupported request media type with 415 (HTTP's own status for it); see the report.
+  // An unsupported media type, of the request body or of a message part: 415 on HTTP+JSON (specification 5.4's table).
   contentTypeNotSupported: { code: -32005, reason: 'CONTENT_TYPE_NOT_SUPPORTED', httpStatus: 415, status: 'INVALID_ARGUMENT' },
-  // A media type inside the message: specification 5.4's mapping, 400.
-  partContentTypeNotSupported: { code: -32005, reason: 'CONTENT_TYPE_NOT_SUPPORTED', httpStatus: 400, status: 'INVALID_ARGUMENT' },
   extensionRequired: { code: -32008, reason: 'EXTENSION_SUPPORT_REQUIRED', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   versionNotSupported: { code: -32009, reason: 'VERSION_NOT_SUPPORTED', httpStatus: 400, status: 'FAILED_PRECONDITION' },
   payloadTooLarge: { code: -32600, reason: 'PAYLOAD_TOO_LARGE', httpStatus: 413 },
@@ -255,12 +253,13 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
     });
   });
 
-  it('-32005 ContentTypeNotSupportedError (400): a part whose media type the agent does not accept', async () => {
+  it('-32005 ContentTypeNotSupportedError (415): a part whose media type the agent does not accept (CORE-SEND-003)', async () => {
     const card = (await (await fetch(`${keel.url}/a2a/echo/.well-known/agent-card.json`)).json()) as Json;
     expect(card.defaultInputModes).not.toContain('image/png');
     const png = { messageId: 'png', role: 'ROLE_USER', parts: [{ text: 'look' }, { raw: Buffer.from('not really a png').toString('base64'), mediaType: 'image/png', filename: 'a.png' }] };
-    await expectRefused(binding, 'SendMessage', { message: png }, E.partContentTypeNotSupported);
-    await expectRefused(binding, 'SendStreamingMessage', { message: png }, E.partContentTypeNotSupported);
+    const error = await expectRefused(binding, 'SendMessage', { message: png }, E.contentTypeNotSupported);
+    expect(error.message).toMatch(/image\/png/);
+    await expectRefused(binding, 'SendStreamingMessage', { message: png }, E.contentTypeNotSupported);
     // Accepted media types (parameters ignored) are served.
     const json = { ...png, messageId: 'json', parts: [{ data: { a: 1 }, mediaType: 'application/json; charset=utf-8' }, { text: 'hi', mediaType: 'text/plain' }] };
     expect(expectA2AResult(binding, await call(binding, 'SendMessage', { message: json })).task.status.state).toBe('TASK_STATE_COMPLETED');
@@ -272,7 +271,7 @@ describe.each(BINDINGS)('A2A errors over %s', (binding) => {
     }
   });
 
-  it('-32002 TaskNotCancelableError: CancelTask of a completed task', async () => {
+  it('-32002 TaskNotCancelableError (409): CancelTask of a completed task', async () => {
     await expectRefused(binding, 'CancelTask', { id: completed.id }, E.taskNotCancelable);
     const task = expectA2AResult(binding, await call(binding, 'GetTask', { id: completed.id }));
     expect(task.status.state).toBe('TASK_STATE_COMPLETED');
@@ -553,11 +552,13 @@ describe('JSON-RPC envelope errors', () => {
     expectRpcError(await post({ jsonrpc: '2.0', id: [1], method: 'ListTasks', params: {} }), E.invalidRequest, null);
   });
 
-  it('-32600 for a body that is not JSON by its content type', async () => {
+  it('-32005 ContentTypeNotSupportedError for a body that is not JSON by its content type (JSONRPC-SSE-002)', async () => {
     const before = await rowCounts(keel.context.pool);
     const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: send('typed as text') });
-    expectRpcError(await post(body, { 'content-type': 'text/plain' }), E.invalidRequest, null);
-    expectRpcError(await post(body, { 'content-type': 'application/x-www-form-urlencoded' }), E.invalidRequest, null);
+    expectRpcError(await post(body, { 'content-type': 'text/plain' }), E.contentTypeNotSupported, null);
+    expectRpcError(await post(body, { 'content-type': 'application/x-www-form-urlencoded' }), E.contentTypeNotSupported, null);
+    // What the conformance kit sends: text/plain and a body that is not JSON either.
+    expectRpcError(await post("{'jsonrpc': '2.0', 'id': 1, 'method': 'SendMessage'}", { 'content-type': 'text/plain' }), E.contentTypeNotSupported, null);
     expect(await rowCounts(keel.context.pool)).toEqual(before);
   });
 
@@ -599,6 +600,16 @@ function expectRpcResult(response: WireResponse): Json {
 }
 
 describe('HTTP+JSON envelope errors', () => {
+  it('answers application/json, results and errors alike (HTTP_JSON-SVC-001, HTTP_JSON-ERR-001)', async () => {
+    const isJson = (response: WireResponse) => expect(response.headers.get('content-type') ?? '', `${response.status} ${response.text}`).toMatch(/^application\/json(;|$)/);
+    isJson(await rawRest(keel.url, 'echo', 'GET', '/tasks', undefined, { token }));
+    isJson(await rawRest(keel.url, 'echo', 'POST', '/message:send', JSON.stringify(send('typed right')), { token }));
+    isJson(await rawRest(keel.url, 'echo', 'GET', `/tasks/${randomUUID()}`, undefined, { token }));
+    isJson(await rawRest(keel.url, 'echo', 'GET', '/no-such-operation', undefined, { token }));
+    isJson(await rawRest(keel.url, 'echo', 'POST', '/message:send', 'x'.repeat(LIMIT * 4), { token }));
+    isJson(await rawRest(keel.url, 'echo', 'GET', '/tasks', undefined, { token: 'not-a-token' }));
+  });
+
   it('-32700 PARSE_ERROR (400) for malformed JSON', async () => {
     const before = await rowCounts(keel.context.pool);
     for (const body of ['{"message": ', '{', 'not json at all']) {

@@ -167,7 +167,8 @@ export function expectRpcError(response: WireResponse, expected: Pick<ExpectedEr
 export function expectRestError(response: WireResponse, expected: Pick<ExpectedError, 'reason' | 'httpStatus' | 'status'>): Record<string, unknown> {
   const context = `${response.status} ${response.text}`;
   expect(response.status, context).toBe(expected.httpStatus);
-  expect(response.headers.get('content-type') ?? '', context).toMatch(/^application\/a2a\+json/);
+  // Specification 11.1: HTTP+JSON responses, errors included, are application/json.
+  expect(response.headers.get('content-type') ?? '', context).toMatch(/^application\/json/);
   expect(Object.keys(response.body ?? {}), context).toEqual(['error']);
   const { error } = response.body;
   expect(error.code, context).toBe(expected.httpStatus);
@@ -188,6 +189,7 @@ export function expectA2AError(binding: Binding, response: WireResponse, expecte
 export function expectA2AResult(binding: Binding, response: WireResponse): Json {
   const context = `${response.status} ${response.text}`;
   expect(response.status, context).toBe(200);
+  expect(response.headers.get('content-type') ?? '', context).toMatch(/^application\/json/);
   if (binding === 'JSONRPC') {
     expect(response.body?.error, context).toBeUndefined();
     expect(response.body?.result, context).toBeDefined();
