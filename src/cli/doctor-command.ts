@@ -4,7 +4,7 @@ import { buildAgentRegistry, unretainableAgents } from '../agents/agent-registry
 import { createGuardedFetch } from '../net/guarded-fetch.js';
 import { createRemoteAgentTool } from '../remote/remote-agent-tool.js';
 import { readMigrations } from '../db/migrate.js';
-import { pingDatabase } from '../db/pool.js';
+import { probeDatabase } from '../db/pool.js';
 import { KeelQueues } from '../queue/keel-queues.js';
 import { loadMasterKeys, anySealedValueExists } from '../sealing/master-key-store.js';
 import { MasterKeyRing } from '../sealing/master-key.js';
@@ -13,6 +13,9 @@ import { queueBackendFor } from '../runtime/start-keel.js';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { commandLogger, EXIT, type GlobalOptions } from './cli-support.js';
+
+/** How long doctor waits for the database and the queue backend to answer a probe. */
+const PROBE_TIMEOUT_MS = 3000;
 
 type Check = { name: string; ok: boolean; detail: string };
 
@@ -59,8 +62,9 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
       }
       const { pool } = opened.database;
       try {
-        if (!(await pingDatabase(pool))) {
-          checks.push({ name: 'database', ok: false, detail: 'does not answer' });
+        const databaseProbe = await probeDatabase(pool, PROBE_TIMEOUT_MS);
+        if (!databaseProbe.ok) {
+          checks.push({ name: 'database', ok: false, detail: `does not answer: ${databaseProbe.reason}` });
           return report(EXIT.database);
         }
         const files = readMigrations();
@@ -74,10 +78,10 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
         });
 
         const queues = new KeelQueues(queueBackendFor(config, opened.database.url), logger);
-        const queueOk = await queues.ping();
+        const queueProbe = await queues.probe(PROBE_TIMEOUT_MS);
         await queues.close().catch(() => undefined);
-        checks.push({ name: 'queue', ok: queueOk, detail: `${queues.backend.kind}${queueOk ? '' : ': not reachable'}` });
-        if (!queueOk) return report(EXIT.queue);
+        checks.push({ name: 'queue', ok: queueProbe.ok, detail: `${queues.backend.kind}${queueProbe.ok ? '' : `: not reachable: ${queueProbe.reason}`}` });
+        if (!queueProbe.ok) return report(EXIT.queue);
 
         const keys = await loadMasterKeys(config.security.masterKeyFile);
         if (!keys.ok && keys.reason === 'invalid') {

@@ -49,11 +49,6 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
   });
 }
 
-/** Answers whether the database is reachable (for /readyz and doctor). */
-export async function pingDatabase(pool: DatabasePool, timeoutMs = 2000): Promise<boolean> {
-  return (await probeDatabase(pool, timeoutMs)).ok;
-}
-
 /**
  * A readiness probe that answers within `timeoutMs` whatever the database does: a server in crash
  * recovery refuses connections at once, but a checkout can also wait behind a full pool or a

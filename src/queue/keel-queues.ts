@@ -129,10 +129,6 @@ export class KeelQueues {
     });
   }
 
-  async ping(): Promise<boolean> {
-    return (await this.probe(3000)).ok;
-  }
-
   /** Whether the queue backend answers within `timeoutMs`, and if not, why. */
   async probe(timeoutMs: number): Promise<Probe> {
     return withDeadline(timeoutMs, `no answer from the queue backend within ${timeoutMs} ms`, () => this.queue('maintenance').getJobCounts('waiting'));

@@ -67,19 +67,13 @@ export function createRemoteAgentTool(config: KeelConfig, bind: () => RemoteTool
           }),
         ) as Promise<SdkTask | { messageId: string }>;
 
+      const dependency = { runId: context.runId, toolCallId: context.toolCallId, toolName: 'remote_agent', remoteAgent: agentId, messageId };
       let createdId: string | null = null;
       try {
         if (embedded) {
           // The messageId is recorded with the pending dependency before the send: if this process
           // dies before storing the remote task id, it is what proves which remote task is ours.
-          const created = await createDependency(pool, {
-            runId: context.runId,
-            toolCallId: context.toolCallId,
-            toolName: 'remote_agent',
-            remoteAgent: agentId,
-            messageId,
-            withRegistration: true,
-          });
+          const created = await createDependency(pool, { ...dependency, withRegistration: true });
           createdId = created.dependencyId;
           const task = await send(created.registration!);
           return settleFirstAnswer(created.dependencyId, task);
@@ -87,11 +81,7 @@ export function createRemoteAgentTool(config: KeelConfig, bind: () => RemoteTool
         const task = await send();
         if (!('id' in task)) return { kind: 'ok', content: JSON.stringify({ state: 'completed', result: 'direct message' }) };
         const created = await createDependency(pool, {
-          runId: context.runId,
-          toolCallId: context.toolCallId,
-          toolName: 'remote_agent',
-          remoteAgent: agentId,
-          messageId,
+          ...dependency,
           remoteTaskId: task.id,
           remoteContextId: task.contextId,
           withRegistration: false,
