@@ -137,15 +137,25 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
       return { mode, recovered: logs.some((line) => /not properly shut down|automatic recovery|redo starts|interrupted/i.test(line)), startAttempts };
     },
     freeze: async () => {
-      frozen = serverProcesses((instance as unknown as WithProcess).process?.pid);
-      for (const pid of frozen) process.kill(pid, 'SIGSTOP');
+      // The postmaster first, so it forks no backend while its children are stopped; then its
+      // children, listed again until no new one shows up (one forked just before the postmaster
+      // stopped). A backend may exit between the listing and its signal: that one is skipped.
+      const postmaster = (instance as unknown as WithProcess).process?.pid;
+      if (!postmaster) throw new Error('the private Postgres is not running');
+      signal(postmaster, 'SIGSTOP');
+      frozen = [postmaster];
+      for (;;) {
+        const added = serverProcesses(postmaster).filter((pid) => !frozen.includes(pid));
+        if (added.length === 0) break;
+        for (const pid of added) if (signal(pid, 'SIGSTOP')) frozen.push(pid);
+      }
     },
     thaw: async () => {
-      for (const pid of frozen) process.kill(pid, 'SIGCONT');
+      for (const pid of frozen) signal(pid, 'SIGCONT');
       frozen = [];
     },
     stop: async () => {
-      if (frozen.length) for (const pid of frozen) process.kill(pid, 'SIGCONT');
+      for (const pid of frozen) signal(pid, 'SIGCONT');
       frozen = [];
       if (running) await instance.stop();
       running = false;
@@ -158,7 +168,18 @@ export async function startPrivatePostgres(): Promise<PrivatePostgres> {
   };
 }
 
-/** The postmaster and its children (backends and auxiliary processes), from /proc. */
+/** Sends a signal; false when the process is gone already (ESRCH), which a backend may be. */
+function signal(pid: number, name: NodeJS.Signals): boolean {
+  try {
+    process.kill(pid, name);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ESRCH') return false;
+    throw error;
+  }
+}
+
+/** The postmaster's children (backends and auxiliary processes), from /proc. */
 function serverProcesses(postmaster: number | undefined): number[] {
   if (!postmaster) throw new Error('the private Postgres is not running');
   const children = readdirSync('/proc')
