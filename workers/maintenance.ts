@@ -3,7 +3,7 @@ import { sql } from 'slonik';
 import { z } from 'zod';
 import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { timeOutApprovals } from '../src/runs/approval-timeout.js';
-import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, requeueRun } from '../src/runs/run-repository.js';
+import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, OPEN_RUN, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
 import { foldTaskCountDeltas } from '../src/tasks/task-counts.js';
@@ -38,7 +38,7 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
   }
   // A resume handed to a worker ('handoff:') is a debt too until a worker takes it.
   const handoffs = await context.pool.anyFirst(sql.type(z.object({ id: z.string() }))`
-    SELECT id FROM runs WHERE status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
+    SELECT id FROM runs WHERE ${OPEN_RUN} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
   for (const id of handoffs) {
     if ((await context.queues.ensureJob('runs', runJobId(id), { runId: id })) === 'added') restored += 1;
   }
@@ -81,7 +81,7 @@ export function requeueDelayMs(policy: ReaperPolicy, requeueCount: number): numb
 export async function reapExpiredLeases(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>, policy: ReaperPolicy): Promise<ReapReport> {
   const expired = await context.pool.any(sql.type(expiredRow)`
     SELECT id, requeue_count, inside_non_idempotent_call FROM runs
-    WHERE status = 'running' AND lease_expires_at < now()
+    WHERE ${OPEN_RUN} AND status = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at LIMIT ${SWEEP_BATCH}`);
   const report: ReapReport = { requeued: 0, deadLettered: 0 };
   for (const run of expired) {

@@ -1,5 +1,6 @@
 import type { Job } from 'bullmq';
-import { projectRun, type ProjectionOptions, type ProjectionResult } from '../src/tasks/task-projector.js';
+import type { ProjectionOptions } from '../src/tasks/journal-writer.js';
+import { projectRun, type ProjectionResult } from '../src/tasks/task-projector.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 
 // The projector queue's processor: a wake-up for a run whose committed revisions are not all in

@@ -1,6 +1,5 @@
 import type { Job } from 'bullmq';
 import { Ajv, type ValidateFunction } from 'ajv';
-import { createActor, fromPromise, toPromise } from 'xstate';
 import {
   agentLoopMachine,
   type CheckpointResult,
@@ -11,6 +10,7 @@ import {
   type ModelStepResult,
   type ToolStepResult,
 } from '../machines/agent-loop.machine.js';
+import { createMachineStepper, type MachineSteps } from '../machines/step-machine.js';
 import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registry.js';
 import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
@@ -19,7 +19,9 @@ import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
-import { completeRun } from '../src/tasks/complete-run.js';
+import { completeRun, failHeldRun, type CompletionResult, type FailureInput, type JournaledEnd } from '../src/tasks/complete-run.js';
+import type { ProjectionOptions } from '../src/tasks/journal-writer.js';
+import type { LocalCommit } from '../src/tasks/journal-listener.js';
 import { isConnectionError } from '../src/db/pool.js';
 import { LeaseKeeper } from '../src/runs/lease-keeper.js';
 import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-repository.js';
@@ -31,7 +33,6 @@ import {
   markNonIdempotentCall,
   releaseRun,
   queuedRequestContext,
-  settleRun,
   suspendRun,
   suspendedStateContext,
   takeOverHandoff,
@@ -44,12 +45,14 @@ import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 
 // The runs queue's processor: claims a run, rebuilds it from its sealed request (or suspended
-// turn), drives the agent loop as an XState actor, and settles, suspends or stops. Every write is
+// turn), steps the agent loop machine through its pure transitions, and settles, suspends or stops. Every write is
 // one of the run repository's guarded transitions; a worker that lost its lease writes nothing.
 
 export type ExecutorOptions = RetryPolicy & {
   leaseMs: number;
   heartbeatMs: number;
+  /** The push outbox's bounds, for the deliveries a run's end writes with its journal rows. */
+  projection?: ProjectionOptions;
 };
 
 export type ExecutionReport =
@@ -63,6 +66,26 @@ export type ExecutionReport =
  * events); `settleSoon` marks a claim, after which a fast run usually settles within moments.
  */
 export type AfterCommit = (runId: string, settleSoon?: boolean) => void;
+
+/**
+ * How the process hears of a run's end that the settling transaction journaled itself
+ * (docs/decisions/0022-completion-writes-the-journal.md).
+ */
+export type EndJournaling = {
+  /**
+   * Before the transaction: a projection of the run still waiting to coalesce is dropped (the
+   * settle journals what it would have), and this process's blocking requests for the task await
+   * the transaction's outcome.
+   */
+  begin: (runId: string, taskId: string) => LocalCommit;
+  /** After its COMMIT returned: its deliveries are woken. */
+  journaled: (runId: string, end: JournaledEnd) => Promise<void>;
+};
+
+const NO_END_JOURNALING: EndJournaling = {
+  begin: () => ({ committed: () => undefined, unknown: () => undefined }),
+  journaled: async () => undefined,
+};
 
 export type RunExecutor = {
   execute: (runId: string) => Promise<ExecutionReport>;
@@ -130,8 +153,41 @@ export function createRunExecutor(
   options: ExecutorOptions,
   afterCommit: AfterCommit = () => undefined,
   onDependencyWait: (dependencyId: string) => void = () => undefined,
+  endJournaling: EndJournaling = NO_END_JOURNALING,
 ): RunExecutor {
   const { pool, sealer, logger, workerId } = context;
+  const projection = options.projection;
+
+  /**
+   * A settle that ends the run (completion or the worker's failure). When its transaction journaled
+   * the end, the task as it wrote it goes to this process's waiters once the COMMIT has returned,
+   * and no projection is owed; otherwise (nothing journaled, or an error: a COMMIT whose outcome is
+   * unknown) the waiters read, and the projector is woken as after any commit.
+   */
+  async function settleEnd(runId: string, taskId: string | null, settle: () => Promise<CompletionResult>): Promise<CompletionResult> {
+    const local = taskId === null ? null : endJournaling.begin(runId, taskId);
+    let result: CompletionResult;
+    try {
+      result = await settle();
+    } catch (error) {
+      local?.unknown();
+      // Whatever was committed before (a claim's revision) is still owed to the journal.
+      afterCommit(runId);
+      throw error;
+    }
+    const end = result.journaled;
+    if (end?.write.notice) local?.committed(end.task, end.write.notice);
+    else local?.unknown();
+    if (end) {
+      await endJournaling.journaled(runId, end).catch((error: Error) => logger.warn({ err: error, runId }, 'push wake-ups after a journaled end failed; the sweeper adds them'));
+    } else {
+      afterCommit(runId);
+    }
+    return result;
+  }
+
+  const failHeld = (runId: string, input: Omit<FailureInput, 'runId' | 'workerId' | 'projection'>) =>
+    settleEnd(runId, input.taskId, () => failHeldRun(pool, sealer, logger, { ...input, runId, workerId, ...(projection ? { projection } : {}) }));
   const claim = { workerId, leaseMs: options.leaseMs };
   const ajv = new Ajv({ allErrors: false, strict: false });
   const validators = new Map<ToolDefinition, ValidateFunction>();
@@ -160,29 +216,10 @@ export function createRunExecutor(
     return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
   }
 
-  // The loop machine with its actors is built once: providing implementations per run built a new
-  // StateMachine (every transition formatted again) for each run. The actors find the run's own
-  // steps through the run actor's system (children share their parent's system).
-  type LoopSteps = {
-    checkpoint: () => Promise<CheckpointResult>;
-    checkGuardrails: (input: { stage: 'input' | 'answer'; text: string }) => Promise<GuardrailOutcome>;
-    callModel: (context: LoopContext) => Promise<ModelStepResult>;
-    runTools: (context: LoopContext, calls: ToolCall[]) => Promise<ToolStepResult>;
-  };
-  const stepsOf = new WeakMap<object, LoopSteps>();
-  const stepsFor = (system: object): LoopSteps => {
-    const found = stepsOf.get(system);
-    if (!found) throw new Error('agent loop: no steps registered for this run');
-    return found;
-  };
-  const loopMachine = agentLoopMachine.provide({
-    actors: {
-      checkpoint: fromPromise(({ system }) => stepsFor(system).checkpoint()),
-      checkGuardrails: fromPromise(({ input, system }: { input: { stage: 'input' | 'answer'; text: string }; system: object }) => stepsFor(system).checkGuardrails(input)),
-      callModel: fromPromise(({ input, system }: { input: { context: LoopContext }; system: object }) => stepsFor(system).callModel(input.context)),
-      runTools: fromPromise(({ input, system }: { input: { context: LoopContext; calls: ToolCall[] }; system: object }) => stepsFor(system).runTools(input.context, input.calls)),
-    },
-  });
+  // The agent loop runs without an actor per run: the stepper computes each macrostep with the
+  // machine's pure transition and runs the step its new state invokes (decision 0023). Made once,
+  // it refuses here, at start, a machine with effects it could not carry out.
+  const loopStepper = createMachineStepper(agentLoopMachine);
 
   type Slot = { lease: LeaseKeeper | null; done: Promise<void> };
   const inFlight = new Map<string, Slot>();
@@ -207,19 +244,19 @@ export function createRunExecutor(
     afterCommit(runId, true);
     const runLog = logger.child({ runId, agent: run.agent });
 
+    // A run claimed for the first time has no audit rows and no stored outputs yet.
+    const fresh = isFirstClaim(run);
     const agent = registry.get(run.agent);
     if (!agent) {
-      await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, failureDetail: { reason: 'unknown_agent', agent: run.agent } });
+      await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
     const rebuilt = rebuild(run, agent);
     if (!rebuilt.ok) {
-      await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, failureDetail: { reason: rebuilt.detail } });
+      await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: rebuilt.detail }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
 
-    // A run claimed for the first time has no audit rows yet: no need to ask for the last sequence.
-    const fresh = isFirstClaim(run);
     const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
     audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
     const resume = rebuilt.state.resume;
@@ -376,16 +413,19 @@ export function createRunExecutor(
       return verdict;
     };
 
-    const steps: LoopSteps = { checkpoint, checkGuardrails, callModel, runTools };
+    const steps: MachineSteps<typeof agentLoopMachine> = {
+      checkpoint: () => checkpoint(),
+      checkGuardrails: (input) => checkGuardrails(input),
+      callModel: ({ context: state }) => callModel(state),
+      runTools: ({ context: state, calls }) => runTools(state, calls),
+    };
     const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
-    const actor = createActor(loopMachine, { input: { ...rebuilt.state, limits, outcome: null } });
-    stepsOf.set(actor.system, steps);
     let outcome: LoopOutcome;
     let finalState: LoopState;
     try {
-      actor.start();
-      outcome = await toPromise(actor);
-      const { limits: _limits, outcome: _outcome, ...rest } = actor.getSnapshot().context;
+      const stepped = await loopStepper.run({ ...rebuilt.state, limits, outcome: null }, steps);
+      outcome = stepped.output;
+      const { limits: _limits, outcome: _outcome, ...rest } = stepped.context;
       finalState = rest;
     } catch (error) {
       lease.stop();
@@ -413,23 +453,27 @@ export function createRunExecutor(
           return { kind: 'stopped', why: result.why };
         case 'complete': {
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
-          const settled = await completeRun(pool, sealer, logger, {
-            beforeSettle: (transaction) => audit.flushWithin(transaction),
-            takeAuditInsert: () => audit.takeUnrefusableInsert(),
-            taskId: run!.task_id,
-            hasOutputs: storedOutputs > 0,
-            runId,
-            workerId,
-            reason: result.reason,
-            answer: result.answer,
-            ...(result.presentation ? { presentation: result.presentation } : {}),
-            totals,
-          }).catch(async (error: Error) => {
+          const taskId = run!.task_id;
+          const settled = await settleEnd(runId, taskId, () =>
+            completeRun(pool, sealer, logger, {
+              beforeSettle: (transaction) => audit.flushWithin(transaction),
+              takeAuditInsert: () => audit.takeUnrefusableInsert(),
+              taskId,
+              hasOutputs: storedOutputs > 0,
+              runId,
+              workerId,
+              reason: result.reason,
+              answer: result.answer,
+              ...(result.presentation ? { presentation: result.presentation } : {}),
+              totals,
+              ...(projection ? { projection } : {}),
+            }),
+          ).catch(async (error: Error) => {
             // The database out of reach is not the result's fault: the run keeps its claim, its lease
             // expires and the reaper requeues it (settling it as failed could not be written anyway).
             if (isConnectionError(error)) throw error;
             runLog.error({ err: error }, 'the result could not be stored; failing the run');
-            const failed = await settleRun(pool, logger, runId, { status: 'failed', reason: 'not_retryable', workerId, totals, failureDetail: { reason: 'result_not_stored' } });
+            const failed = await failHeld(runId, { reason: 'not_retryable', totals, failureDetail: { reason: 'result_not_stored' }, taskId, hasOutputs: storedOutputs > 0 });
             if (failed.settled) {
               // The trail rode in the rolled-back transaction: what the run did is kept, not that it completed.
               audit.restoreTaken((event) => event.kind !== 'completed');
@@ -438,22 +482,20 @@ export function createRunExecutor(
             }
             return failed;
           });
-          afterCommit(runId);
           if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
           return { kind: 'settled', status: settled.run.status as 'completed' | 'failed', reason: settled.run.termination_reason ?? result.reason };
         }
         case 'fail': {
           audit.record({ kind: 'failed', meta: { reason: result.reason, ...result.detail } });
           await audit.flush(pool);
-          const settled = await settleRun(pool, logger, runId, {
-            status: 'failed',
+          const settled = await failHeld(runId, {
             reason: result.reason,
             errorClass: result.errorClass ?? null,
             failureDetail: result.detail,
-            workerId,
             totals,
+            taskId: run!.task_id,
+            hasOutputs: storedOutputs > 0,
           });
-          afterCommit(runId);
           if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
           return { kind: 'settled', status: 'failed', reason: result.reason };
         }
@@ -501,13 +543,18 @@ export function createRunExecutor(
             // A suspension that cannot be stored fails the run rather than promise a decision.
             runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
             const reason = result.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';
-            const failed = await settleRun(pool, logger, runId, { status: 'failed', reason, workerId, totals, failureDetail: { reason: 'suspension_not_stored', status: result.status } });
+            const failed = await failHeld(runId, {
+              reason,
+              totals,
+              failureDetail: { reason: 'suspension_not_stored', status: result.status },
+              taskId: run!.task_id,
+              hasOutputs: storedOutputs > 0,
+            });
             if (failed.settled) {
               audit.restoreTaken((event) => event.kind !== 'suspended');
               audit.record({ kind: 'failed', meta: { reason, detail: 'suspension_not_stored', status: result.status } });
               await audit.flush(pool);
             }
-            afterCommit(runId);
             return { kind: 'settled', status: 'failed', reason };
           }
         }

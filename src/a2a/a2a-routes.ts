@@ -10,10 +10,11 @@ import { registerCardRoutes } from './card-routes.js';
 import { registerJsonRpcBinding } from './json-rpc-binding.js';
 import { registerRestBinding } from './rest-binding.js';
 
-// The two bindings of the A2A service, JSON-RPC 2.0 at /a2a/<agent> (json-rpc-binding.ts) and
-// HTTP+JSON under /a2a/<agent>/ (rest-binding.ts), plus the agent cards (card-routes.ts). Both
-// bindings check, in this order: the agent exists, the client is authenticated, A2A-Version is
-// 1.0, required extensions are requested (the gate below); then the params.
+// The two HTTP bindings of the A2A service, JSON-RPC 2.0 at /a2a/<agent> (json-rpc-binding.ts) and
+// HTTP+JSON under /a2a/<agent>/ (rest-binding.ts), plus the agent cards (card-routes.ts). Every
+// binding, gRPC (grpc-binding.ts, on its own port) too, checks in this order: the agent exists,
+// the client is authenticated, A2A-Version is 1.0, required extensions are requested (the gate
+// below); then the params.
 
 export type A2ARouteDeps = {
   service: A2AService;
@@ -34,23 +35,37 @@ function requestedVersion(request: FastifyRequest): string | undefined {
   return typeof value === 'string' ? value.trim() : undefined;
 }
 
-/** The checks every A2A request passes, in either binding, before its params are read. */
-export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator): RequestGate {
-  return async (request: FastifyRequest, agentId: string): Promise<Gate> => {
-    const agent = registry.get(agentId);
-    if (!agent) return { ok: false, error: A2AErrors.methodNotFound(`no agent ${agentId}`, { httpStatus: 404 }) };
-    const auth = await authenticator.authenticate(headerValue(request, 'authorization'));
+/** What the gate reads of a request, whichever binding carried it (HTTP headers, gRPC metadata). */
+export type GateInput = {
+  agentId: string;
+  /** The `Authorization` value. */
+  authorization: string | undefined;
+  /** The `A2A-Version` value; absent means 0.3. */
+  version: string | undefined;
+  /** The `A2A-Extensions` value: comma-separated URIs. */
+  extensions: string | undefined;
+};
+
+/**
+ * The checks every A2A request passes, in every binding, before its params are read: the agent
+ * exists, the client is authenticated, A2A-Version is 1.0, required extensions are requested.
+ */
+export function createServiceGate(registry: AgentRegistry, authenticator: ClientAuthenticator): (input: GateInput) => Promise<Gate> {
+  return async (input: GateInput): Promise<Gate> => {
+    const agent = registry.get(input.agentId);
+    if (!agent) return { ok: false, error: A2AErrors.methodNotFound(`no agent ${input.agentId}`, { httpStatus: 404 }) };
+    const auth = await authenticator.authenticate(input.authorization);
     if (!auth.ok) {
       return { ok: false, error: A2AErrors.unauthenticated(auth.reason === 'missing' ? 'authentication required: Authorization: Bearer <client token>' : 'the client token is not valid') };
     }
-    const version = requestedVersion(request);
+    const version = input.version?.trim();
     if (version === undefined || !SUPPORTED_VERSION.test(version)) {
       return {
         ok: false,
         error: A2AErrors.versionNotSupported(`A2A-Version ${version ?? '(absent, meaning 0.3)'} is not supported; this server speaks 1.0`, { metadata: { supported: '1.0' } }),
       };
     }
-    const requested = (headerValue(request, 'a2a-extensions') ?? '').split(',').map((uri) => uri.trim()).filter(Boolean);
+    const requested = (input.extensions ?? '').split(',').map((uri) => uri.trim()).filter(Boolean);
     const missing = agent.config.extensions.filter((extension) => extension.required && !requested.includes(extension.uri));
     if (missing.length > 0) {
       return {
@@ -65,6 +80,18 @@ export function createRequestGate(registry: AgentRegistry, authenticator: Client
   };
 }
 
+/** The service gate for the HTTP bindings: the values come from headers (the version also from `?A2A-Version=`). */
+export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator): RequestGate {
+  const check = createServiceGate(registry, authenticator);
+  return (request: FastifyRequest, agentId: string): Promise<Gate> =>
+    check({
+      agentId,
+      authorization: headerValue(request, 'authorization'),
+      version: requestedVersion(request),
+      extensions: headerValue(request, 'a2a-extensions'),
+    });
+}
+
 export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): void {
   const { service, registry, authenticator, config, logger } = deps;
 
@@ -72,7 +99,7 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
   app.addContentTypeParser(['application/json', A2A_JSON], { parseAs: 'string' }, (_request, body, done) => done(null, body));
   app.addContentTypeParser('*', { parseAs: 'string' }, (_request, body, done) => done(null, body));
 
-  registerCardRoutes(app, { registry, config });
+  registerCardRoutes(app, { registry, cards: service.cards });
   const gate = createRequestGate(registry, authenticator);
   registerJsonRpcBinding(app, { service, gate, logger });
   registerRestBinding(app, { service, gate, logger });

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { DatabasePool } from 'slonik';
 import type { AgentRegistry, RegisteredAgent } from '../agents/agent-registry.js';
+import type { CardSigner } from '../cards/card-signature.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
 import { checkUrl, describeRefusal, type Resolver } from '../net/guarded-fetch.js';
@@ -29,7 +30,8 @@ import {
   type TaskRow,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
-import { acceptsMediaType, buildAgentCard, INPUT_MODES } from './agent-card.js';
+import { acceptsMediaType, INPUT_MODES } from './agent-card.js';
+import { ServedCards } from './served-cards.js';
 import {
   endsStream,
   isoTime,
@@ -60,6 +62,8 @@ export type A2AServiceDeps = {
   logger: KeelLogger;
   /** Tests point the guard at a resolver of their own. */
   resolver?: Resolver;
+  /** The key every card is signed with (`security.cardSigning`); none: cards go unsigned. */
+  cardSigner?: CardSigner | null;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -97,7 +101,12 @@ function decodePageToken(token: string): { timestamp: number; id: string } | nul
 }
 
 export class A2AService {
-  constructor(private readonly deps: A2AServiceDeps) {}
+  /** The public and extended cards, signed when card signing is configured. */
+  readonly cards: ServedCards;
+
+  constructor(private readonly deps: A2AServiceDeps) {
+    this.cards = new ServedCards(deps.config, deps.cardSigner ?? null);
+  }
 
   private get blockingCapMs(): number {
     return this.deps.config.a2a.blockingCapSeconds * 1000;
@@ -144,7 +153,16 @@ export class A2AService {
       const started = await this.acceptMessage(caller, params, blocking ? (taskId) => (wait = new JournalWait(this.deps.listener, taskId)) : undefined);
       if (!started.ok) return started;
       const { taskId, afterSequence } = started.value;
-      if (wait) await (wait as JournalWait).until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown);
+      if (wait) {
+        const waited = wait as JournalWait;
+        const deadline = Date.now() + this.blockingCapMs;
+        // An end this process committed is answered with the task as its transaction wrote it,
+        // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
+        if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown)) {
+          const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
+          if (committed) return ok(this.sendResultOf(committed, params.configuration?.historyLength));
+        }
+      }
       return await this.sendResult(caller, taskId, params.configuration?.historyLength);
     } finally {
       (wait as JournalWait | null)?.close();
@@ -154,14 +172,19 @@ export class A2AService {
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
     const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
     if (!row) return fail(taskNotFound(taskId));
+    return ok(this.sendResultOf(row, historyLength));
+  }
+
+  /** A blocking SendMessage's answer from the task row: the direct Message of a task answered by one, else the Task. */
+  private sendResultOf(row: TaskRow, historyLength: number | undefined): SendResult {
     if (row.direct_message && row.state === 'TASK_STATE_COMPLETED') {
       const message = openSealed<Message | null>(this.deps.sealer, row.id, 'status_message', row.status_message, null);
       if (message) {
         const { taskId: _taskId, ...direct } = message;
-        return ok({ message: direct });
+        return { message: direct };
       }
     }
-    return ok({ task: taskView(this.deps.sealer, row, { historyLength }) });
+    return { task: taskView(this.deps.sealer, row, { historyLength }) };
   }
 
   /**
@@ -479,8 +502,8 @@ export class A2AService {
     return ok({});
   }
 
-  extendedCard(caller: Caller): Result<Record<string, unknown>> {
-    return ok(buildAgentCard(caller.agent.config, this.deps.config, { extended: true }));
+  async extendedCard(caller: Caller): Promise<Result<Record<string, unknown>>> {
+    return ok(await this.cards.card(caller.agent.config, { extended: true }));
   }
 }
 

@@ -1,8 +1,10 @@
 import type { AgentConfig } from '../config/config-schema.js';
 import type { KeelConfig } from '../config/load-config.js';
 
-// An agent's card, built from its config. Both bindings share one base URL: JSON-RPC posts to it,
-// HTTP+JSON appends the specification's paths. Capabilities are declared as they are.
+// An agent's card, built from its config. The HTTP bindings share one base URL: JSON-RPC posts to it,
+// HTTP+JSON appends the specification's paths. The gRPC binding, when on, is one `host:port` for
+// every agent, and the interface's `tenant` names the agent (decision 0020). Capabilities are
+// declared as they are.
 
 export const PROTOCOL_VERSION = '1.0';
 
@@ -23,9 +25,25 @@ export function agentBaseUrl(config: KeelConfig, agentId: string): string {
   return `${config.server.publicUrl}/a2a/${agentId}`;
 }
 
+/** `host:port`, an IPv6 host in brackets: how gRPC names an address to bind or dial. */
+export const hostPort = (host: string, port: number) => `${host.includes(':') ? `[${host}]` : host}:${port}`;
+
+/**
+ * The gRPC target the cards name (`host:port`, as the official clients dial it), or null when the
+ * gRPC binding is off. A wildcard bind is named by loopback, as the HTTP public URL is.
+ */
+export function grpcPublicAddress(config: KeelConfig): string | null {
+  const { port, host, publicAddress } = config.grpc;
+  if (port === undefined) return null;
+  if (publicAddress) return publicAddress;
+  const bind = host ?? config.server.host;
+  return hostPort(bind === '0.0.0.0' || bind === '::' ? '127.0.0.1' : bind, port);
+}
+
 export function buildAgentCard(agent: AgentConfig, config: KeelConfig, options: { extended?: boolean } = {}): Record<string, unknown> {
   const url = agentBaseUrl(config, agent.id);
   const secured = config.auth.mode === 'token';
+  const grpc = grpcPublicAddress(config);
   return {
     name: agent.name,
     description: agent.description || agent.name,
@@ -33,6 +51,8 @@ export function buildAgentCard(agent: AgentConfig, config: KeelConfig, options: 
     supportedInterfaces: [
       { url, protocolBinding: 'JSONRPC', protocolVersion: PROTOCOL_VERSION },
       { url, protocolBinding: 'HTTP+JSON', protocolVersion: PROTOCOL_VERSION },
+      // Last, so a client that takes the first interface it can speak keeps to HTTP.
+      ...(grpc ? [{ url: grpc, protocolBinding: 'GRPC', protocolVersion: PROTOCOL_VERSION, tenant: agent.id }] : []),
     ],
     provider: { organization: 'Keel', url: config.server.publicUrl },
     capabilities: {

@@ -1,35 +1,41 @@
 import { createHash } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { AgentRegistry } from '../agents/agent-registry.js';
-import type { KeelConfig } from '../config/load-config.js';
-import { buildAgentCard } from './agent-card.js';
 import { headerValue } from './binding-support.js';
+import type { ServedCards } from './served-cards.js';
 
 // The public agent cards: the default agent's at /.well-known/agent-card.json and each agent's at
 // /a2a/<agent>/.well-known/agent-card.json, cacheable and revalidated by ETag or Last-Modified.
+// With card signing on, each carries its signature, and /.well-known/jwks.json serves the public
+// key that checks it (decision 0021).
 
-export type CardRouteDeps = { registry: AgentRegistry; config: KeelConfig };
+export type CardRouteDeps = { registry: AgentRegistry; cards: ServedCards };
 
 export function registerCardRoutes(app: FastifyInstance, deps: CardRouteDeps): void {
-  const { registry, config } = deps;
+  const { registry, cards } = deps;
   const startedAt = new Date();
   startedAt.setMilliseconds(0);
   // Built on first use: with port 0 the public URL is only known once the server listens.
-  const cards = new Map<string, { body: string; etag: string }>();
+  const bodies = new Map<string, Promise<{ body: string; etag: string }>>();
   const cardOf = (id: string) => {
-    let card = cards.get(id);
     const agent = registry.get(id);
-    if (!card && agent) {
-      const body = JSON.stringify(buildAgentCard(agent.config, config));
-      card = { body, etag: `"${createHash('sha256').update(body).digest('base64url').slice(0, 27)}"` };
-      cards.set(id, card);
+    if (!agent) return null;
+    let card = bodies.get(id);
+    if (!card) {
+      card = cards.card(agent.config).then((built) => {
+        const body = JSON.stringify(built);
+        return { body, etag: `"${createHash('sha256').update(body).digest('base64url').slice(0, 27)}"` };
+      });
+      card.catch(() => bodies.delete(id));
+      bodies.set(id, card);
     }
     return card;
   };
 
-  const sendCard = (request: FastifyRequest, reply: FastifyReply, agentId: string) => {
-    const card = cardOf(agentId);
-    if (!card) return reply.code(404).type('application/json').send({ error: { code: 404, status: 'NOT_FOUND', message: `no agent ${agentId}` } });
+  const sendCard = async (request: FastifyRequest, reply: FastifyReply, agentId: string) => {
+    const pending = cardOf(agentId);
+    if (!pending) return reply.code(404).type('application/json').send({ error: { code: 404, status: 'NOT_FOUND', message: `no agent ${agentId}` } });
+    const card = await pending;
     reply
       .header('cache-control', 'public, max-age=300')
       .header('etag', card.etag)
@@ -43,4 +49,9 @@ export function registerCardRoutes(app: FastifyInstance, deps: CardRouteDeps): v
   };
   app.get('/.well-known/agent-card.json', (request, reply) => sendCard(request, reply, registry.defaultAgentId));
   app.get<{ Params: { agent: string } }>('/a2a/:agent/.well-known/agent-card.json', (request, reply) => sendCard(request, reply, request.params.agent));
+  app.get('/.well-known/jwks.json', (_request, reply) => {
+    const jwks = cards.jwks();
+    if (!jwks) return reply.code(404).type('application/json').send({ error: { code: 404, status: 'NOT_FOUND', message: 'card signing is not configured (security.cardSigning)' } });
+    return reply.header('cache-control', 'public, max-age=300').type('application/jwk-set+json').send(JSON.stringify(jwks));
+  });
 }

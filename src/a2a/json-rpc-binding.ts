@@ -139,7 +139,7 @@ export async function handleDeleteTaskPushNotificationConfig(call: JsonRpcCall) 
 
 export async function handleGetExtendedAgentCard(call: JsonRpcCall) {
   const input = parseParams(extendedCardParamsSchema, call.params);
-  return input.ok ? answer(call, call.service.extendedCard(call.caller)) : answer(call, input);
+  return input.ok ? answer(call, await call.service.extendedCard(call.caller)) : answer(call, input);
 }
 
 /** The A2A 1.0 methods by their JSON-RPC names. */

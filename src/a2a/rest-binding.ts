@@ -124,7 +124,7 @@ export async function handleListTasks(call: RestCall) {
 
 export async function handleGetExtendedAgentCard(call: RestCall) {
   if (call.method !== 'GET') return wrongMethod(call, '; use GET');
-  return restAnswer(call.reply, call.service.extendedCard(call.caller));
+  return restAnswer(call.reply, await call.service.extendedCard(call.caller));
 }
 
 export async function handleCancelTask(call: RestCall, match: RegExpExecArray) {

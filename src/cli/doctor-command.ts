@@ -1,6 +1,8 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load-config.js';
 import { buildAgentRegistry, unretainableAgents } from '../agents/agent-registry.js';
+import { cardSignerFor, loadCardKeyFiles } from '../cards/card-trust.js';
+import { createSealer } from '../sealing/sealer.js';
 import { createGuardedFetch } from '../net/guarded-fetch.js';
 import { createRemoteAgentTool } from '../remote/remote-agent-tool.js';
 import { readMigrations } from '../db/migrate.js';
@@ -45,6 +47,11 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
       await fetch.close();
       if (!registry.ok) {
         checks.push({ name: 'config', ok: false, detail: registry.problems.join('; ') });
+        return report(EXIT.config);
+      }
+      const cardKeys = loadCardKeyFiles(config);
+      if (!cardKeys.ok) {
+        checks.push({ name: 'config', ok: false, detail: cardKeys.problems.join('; ') });
         return report(EXIT.config);
       }
       const refused = unretainableAgents(registry.registry);
@@ -109,7 +116,18 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
           ok,
           detail: ok ? `active ${ring.active.id} (${keys.source.kind === 'env' ? 'KEEL_MASTER_KEY' : keys.source.path})` : `the database needs key ${missing.join(', ')}, not available`,
         });
-        return report(ok ? EXIT.ok : EXIT.masterKey);
+        if (!ok) return report(EXIT.masterKey);
+        // A sealed card signing key opens only now that the master keys are known.
+        const signing = cardSignerFor(config, cardKeys.fileSigner, createSealer(ring));
+        if (signing && !signing.ok) {
+          checks.push({ name: 'card key', ok: false, detail: signing.message });
+          return report(EXIT.config);
+        }
+        if (signing) {
+          const source = config.security.cardSigning?.keyFile ?? 'sealed (keySealed)';
+          checks.push({ name: 'card key', ok: true, detail: `cards signed with ${signing.signer.alg}, kid ${signing.signer.kid} (${source})` });
+        }
+        return report(EXIT.ok);
       } finally {
         await opened.database.close();
       }

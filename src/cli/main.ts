@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { registerAdminCommands } from './admin-commands.js';
+import { registerCardsCommands } from './cards-commands.js';
 import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
 import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
@@ -25,6 +26,7 @@ export function buildProgram(): Command {
   registerRetentionCommands(program, globals);
   registerPushCommands(program, globals);
   registerRemoteCommands(program, globals);
+  registerCardsCommands(program, globals);
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
   registerAdminCommands(program, globals);

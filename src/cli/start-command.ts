@@ -3,7 +3,7 @@ import { createLogger } from '../log/logger.js';
 import { startKeel } from '../runtime/start-keel.js';
 import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions } from './cli-support.js';
 
-const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
+const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, 'card signing': EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
 
 export function registerStartCommand(program: Command, globals: () => GlobalOptions): void {
   program
@@ -21,6 +21,7 @@ export function registerStartCommand(program: Command, globals: () => GlobalOpti
       logger.info(
         {
           url: keel.url,
+          ...(keel.grpcAddress ? { grpc: keel.grpcAddress } : {}),
           database: config.database.url ? 'external' : 'embedded',
           queue: keel.context.queues.backend.kind,
           role: keel.role,

@@ -21,6 +21,23 @@ const serverSchema = z
   })
   .strict();
 
+// The gRPC binding (docs/decisions/0020-grpc-binding.md): off unless a port is set. It serves
+// every agent on one port; a call names its agent by the request's `tenant`, which each card's GRPC
+// interface declares.
+const grpcSchema = z
+  .object({
+    /** Where the gRPC binding listens; absent: no gRPC binding. 0 picks a free port. */
+    port: z.number().int().min(0).max(65535).optional(),
+    /** The address it binds; by default server.host. */
+    host: z.string().min(1).optional(),
+    /** The `host:port` the cards name for it (a gRPC target, no scheme); by default host and port. */
+    publicAddress: z
+      .string()
+      .regex(/^(\[[0-9a-fA-F:.]+\]|[^\s/:[\]]+):\d{1,5}$/, 'expected host:port (a gRPC target, e.g. keel.example.com:9090)')
+      .optional(),
+  })
+  .strict();
+
 const databaseSchema = z
   .object({
     url: z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
@@ -47,10 +64,23 @@ const addressGuardSchema = z
   })
   .strict();
 
+// Every card Keel serves is signed with this key when it is set (decision 0021): Ed25519 (JWS alg
+// EdDSA) or ES256 (P-256), from a PEM or JWK file or sealed under the master key; exactly one.
+const cardSigningSchema = z
+  .object({
+    alg: z.enum(['Ed25519', 'ES256']),
+    keyFile: z.string().min(1).optional(),
+    keySealed: z.string().min(1).optional(),
+    kid: z.string().min(1),
+    jku: z.string().url().optional(),
+  })
+  .strict();
+
 const securitySchema = z
   .object({
     masterKeyFile: z.string().min(1).optional(),
     addressGuard: addressGuardSchema.default({}),
+    cardSigning: cardSigningSchema.optional(),
   })
   .strict();
 
@@ -265,6 +295,12 @@ const remoteAgentSchema = z
     credentialSealed: z.string().min(1).optional(),
     /** How callbacks are registered with a remote that takes push: in the message, or as a separate config. */
     registration: z.enum(['embedded', 'separate']).default('embedded'),
+    /** Refuse the remote's card unless one of its signatures verifies with cardKey or a JWKS of cardJku. */
+    requireSignedCard: z.boolean().default(false),
+    /** A public key file (PEM, JWK or JWKS) the remote's card must be signed with. */
+    cardKey: z.string().min(1).optional(),
+    /** JWKS URLs a signature may name as its jku (exact match), fetched through the address guard. */
+    cardJku: z.array(z.string().url()).optional(),
   })
   .strict();
 
@@ -282,6 +318,7 @@ const DEFAULT_AGENTS = [
 export const configSchema = z
   .object({
     server: serverSchema.default({}),
+    grpc: grpcSchema.default({}),
     database: databaseSchema.default({}),
     queue: queueSchema.default({}),
     dataDir: z.string().min(1).default('.keel'),
@@ -307,6 +344,7 @@ export type PrivacyLevelName = z.infer<typeof privacyLevel>;
 export type ProviderConfig = z.output<typeof providerSchema>;
 export type AgentConfig = z.output<typeof agentSchema>;
 export type RemoteAgentConfig = z.output<typeof remoteAgentSchema>;
+export type CardSigningConfig = z.output<typeof cardSigningSchema>;
 export type ScriptedStep = z.output<typeof scriptedStep>;
 export type GuardrailConfig = z.output<typeof guardrailSchema>;
 export type GuardrailStage = z.infer<typeof guardrailStage>;

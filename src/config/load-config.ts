@@ -92,9 +92,20 @@ function crossCheck(config: ParsedConfig): string[] {
   config.remoteAgents.forEach((remote, index) => {
     if (remoteIds.has(remote.id)) problems.push(`remoteAgents.${index}: duplicate remote agent id "${remote.id}"`);
     remoteIds.add(remote.id);
+    const trusted = remote.cardKey !== undefined || (remote.cardJku ?? []).length > 0;
+    if (remote.requireSignedCard && !trusted) problems.push(`remoteAgents.${index} (${remote.id}): requireSignedCard needs cardKey or cardJku, the key the card must be signed with`);
+    if (!remote.requireSignedCard && trusted) problems.push(`remoteAgents.${index} (${remote.id}): cardKey and cardJku take effect only with requireSignedCard: true`);
   });
+  const signing = config.security.cardSigning;
+  if (signing && (signing.keyFile === undefined) === (signing.keySealed === undefined)) {
+    problems.push('security.cardSigning: give exactly one of keyFile and keySealed');
+  }
   if (config.auth.mode === 'none' && !LOOPBACK_HOSTS.has(config.server.host)) {
     problems.push(`auth.mode: "none" is only allowed when server.host is a loopback address, not "${config.server.host}"`);
+  }
+  // The gRPC binding takes the same unauthenticated calls, so it is held to the same bind rule.
+  if (config.auth.mode === 'none' && config.grpc.port !== undefined && config.grpc.host !== undefined && !LOOPBACK_HOSTS.has(config.grpc.host)) {
+    problems.push(`auth.mode: "none" is only allowed when grpc.host is a loopback address, not "${config.grpc.host}"`);
   }
   return problems;
 }
@@ -154,7 +165,11 @@ export function loadConfig(options: LoadConfigOptions = {}): LoadConfigResult {
         masterKeyFile: parsed.security.masterKeyFile
           ? resolve(cwd, parsed.security.masterKeyFile)
           : resolve(dataDir, 'master.key'),
+        ...(parsed.security.cardSigning
+          ? { cardSigning: { ...parsed.security.cardSigning, ...(parsed.security.cardSigning.keyFile ? { keyFile: resolve(cwd, parsed.security.cardSigning.keyFile) } : {}) } }
+          : {}),
       },
+      remoteAgents: parsed.remoteAgents.map((remote) => (remote.cardKey ? { ...remote, cardKey: resolve(cwd, remote.cardKey) } : remote)),
       source: file.path && existsSync(file.path) ? file.path : null,
     },
   };

@@ -2,6 +2,8 @@ import { AgentCard } from '@a2a-js/sdk';
 import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, RestTransportFactory, type Client } from '@a2a-js/sdk/client';
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
+import { verifyCardSignatures } from '../cards/card-signature.js';
+import { keyResolver, type RemoteCardTrust } from '../cards/card-trust.js';
 import type { RemoteAgentConfig } from '../config/config-schema.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { GuardedFetch } from '../net/guarded-fetch.js';
@@ -12,12 +14,15 @@ import { guardedFetchFor } from './guarded-fetch-adapter.js';
 // Remote A2A agents this installation calls, by card URL. Cards are fetched through the address
 // guard and cached (in memory for calls, in `remote_cards` for operators); the official client
 // talks to them with the guarded fetch underneath and the agent's credential on every request.
+// With `requireSignedCard`, a card is used only when one of its signatures verifies with a key
+// the operator trusts (decision 0021); a refused card is never cached.
 
 export const remoteCredentialContext = (remoteId: string) => ({ table: 'config', column: 'remoteAgents.credentialSealed', rowId: remoteId });
 
 export type RemoteAgent = { config: RemoteAgentConfig; card: Record<string, unknown>; client: Client; pushSupported: boolean };
 
-export type RemoteLookup = { ok: true; remote: RemoteAgent } | { ok: false; reason: 'unknown' | 'unavailable'; message: string };
+/** `card_unverified`: the card was fetched but refused, its signature missing or not matching a trusted key. */
+export type RemoteLookup = { ok: true; remote: RemoteAgent } | { ok: false; reason: 'unknown' | 'unavailable' | 'card_unverified'; message: string };
 
 const CARD_TTL_MS = 5 * 60_000;
 
@@ -27,7 +32,15 @@ export class RemoteAgents {
 
   constructor(
     configs: readonly RemoteAgentConfig[],
-    private readonly deps: { fetch: GuardedFetch; pool: DatabasePool; sealer: Sealer; logger: KeelLogger; env?: NodeJS.ProcessEnv },
+    private readonly deps: {
+      fetch: GuardedFetch;
+      pool: DatabasePool;
+      sealer: Sealer;
+      logger: KeelLogger;
+      env?: NodeJS.ProcessEnv;
+      /** The keys of the remotes with `requireSignedCard` (src/cards/card-trust.ts, read at start). */
+      cardTrust?: ReadonlyMap<string, RemoteCardTrust>;
+    },
   ) {
     this.configs = new Map(configs.map((config) => [config.id, config]));
   }
@@ -72,12 +85,23 @@ export class RemoteAgents {
         error = 'the card is not JSON';
       }
     }
+    let refused = false;
+    if (card && config.requireSignedCard) {
+      const trust = this.deps.cardTrust?.get(id) ?? { keys: [], jkus: [] };
+      const verdict = await verifyCardSignatures(card, keyResolver(trust, this.deps.fetch));
+      if (!verdict.ok) {
+        refused = true;
+        error = `card refused (requireSignedCard): ${verdict.message}`;
+        card = null;
+        this.deps.logger.warn({ remoteAgent: id, reason: verdict.reason, cardUrl: config.cardUrl }, `remote agent card refused: ${verdict.message}`);
+      }
+    }
     await this.deps.pool.query(sql.unsafe`
       INSERT INTO remote_cards (remote_agent, card, fetched_at, error, updated_at)
       VALUES (${id}, ${card ? sql.jsonb(card as never) : null}, ${card ? sql.fragment`now()` : null}, ${error}, now())
       ON CONFLICT (remote_agent) DO UPDATE SET card = coalesce(EXCLUDED.card, remote_cards.card),
         fetched_at = coalesce(EXCLUDED.fetched_at, remote_cards.fetched_at), error = EXCLUDED.error, updated_at = now()`);
-    if (!card) return { ok: false, reason: 'unavailable', message: `remote agent ${id}: ${error}` };
+    if (!card) return { ok: false, reason: refused ? 'card_unverified' : 'unavailable', message: `remote agent ${id}: ${error}` };
     const fetchImpl = guardedFetchFor(this.deps.fetch, credential.value ? { authorization: `Bearer ${credential.value}` } : {});
     const factory = new ClientFactory(
       ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {

@@ -3,6 +3,7 @@ import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import {
   REASONS_BY_TERMINAL_STATUS,
+  TERMINAL_RUN_STATUSES,
   TRUNCATING_REASONS,
   runMachine,
   type RunEventType,
@@ -20,6 +21,15 @@ import { runRow, type RunRow } from './run-row.js';
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
 // committed change increments `revision`.
+//
+// The only indexed columns these writes change are `settled_at` (the settle) and `available_at`
+// (a requeue), so a claim, a lease renewal, an announced output, a suspension and a resume are HOT
+// updates (sql/0016, docs/decisions/0024-fewer-row-versions.md). Queries for runs in an open
+// status add OPEN_RUN, the predicate of the index of open runs (runs_open_idx on available_at,
+// id), and filter the status among the open runs.
+
+/** A run not settled yet: the predicate of runs_open_idx, which queries for open statuses repeat so the planner can use it. */
+export const OPEN_RUN = sql.fragment`settled_at IS NULL`;
 
 export type Db = CommonQueryMethods;
 
@@ -91,7 +101,7 @@ export async function claimQueuedRuns(db: Db, limit: number, claim: Claim): Prom
       lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
       started_at = coalesce(started_at, now()), revision = revision + 1, updated_at = now()
     WHERE id IN (
-      SELECT id FROM runs WHERE status = ANY(${from('CLAIM')}) AND available_at <= now()
+      SELECT id FROM runs WHERE ${OPEN_RUN} AND status = ANY(${from('CLAIM')}) AND available_at <= now()
       ORDER BY available_at, id LIMIT ${limit} FOR UPDATE SKIP LOCKED)
     RETURNING *`);
 }
@@ -317,7 +327,7 @@ export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | nul
 export async function listApprovalsPastTimeout(db: Db, timeoutHours: number, limit: number): Promise<readonly string[]> {
   return db.anyFirst(sql.type(z.object({ id: z.string() }))`
     SELECT id FROM runs
-    WHERE status = ANY(${from('APPROVAL_TIMED_OUT')})
+    WHERE ${OPEN_RUN} AND status = ANY(${from('APPROVAL_TIMED_OUT')})
       AND status_changed_at <= now() - ${sql.interval({ seconds: timeoutHours * 3600 })}
     ORDER BY status_changed_at, id LIMIT ${limit}`);
 }
@@ -342,7 +352,7 @@ export async function timeOutApproval(db: Db, runId: string, timeoutHours: numbe
 /** Runs that owe a `runs` job: queued and due (the sweeper re-enqueues those whose job is missing). */
 export async function listQueuedRunIds(db: Db, limit: number): Promise<readonly string[]> {
   return db.anyFirst(sql.type(z.object({ id: z.string() }))`
-    SELECT id FROM runs WHERE status = 'queued' ORDER BY available_at, id LIMIT ${limit}`);
+    SELECT id FROM runs WHERE ${OPEN_RUN} AND status = 'queued' ORDER BY available_at, id LIMIT ${limit}`);
 }
 
 export type ListRunsFilter = { status?: RunStatus; agent?: string; limit: number; before?: { createdAt: number; id: string } };
@@ -350,6 +360,7 @@ export type ListRunsFilter = { status?: RunStatus; agent?: string; limit: number
 export async function listRuns(db: Db, filter: ListRunsFilter): Promise<readonly RunRow[]> {
   const conditions = [sql.fragment`true`];
   if (filter.status) conditions.push(sql.fragment`status = ${filter.status}`);
+  if (filter.status && !(TERMINAL_RUN_STATUSES as readonly RunStatus[]).includes(filter.status)) conditions.push(OPEN_RUN);
   if (filter.agent) conditions.push(sql.fragment`agent = ${filter.agent}`);
   if (filter.before) {
     conditions.push(sql.fragment`(created_at, id) < (${sql.timestamp(new Date(filter.before.createdAt))}, ${filter.before.id})`);

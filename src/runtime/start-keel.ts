@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
 import { randomBytes } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import type { FastifyInstance } from 'fastify';
 import type { KeelConfig } from '../config/load-config.js';
 import { migrate } from '../db/migrate.js';
@@ -19,9 +20,12 @@ import { createInboxReconcileProcessor } from '../../workers/inbox-reconcile.js'
 import { registerInboxRoutes } from '../remote/inbox-routes.js';
 import { createRemoteAgentTool, type RemoteToolDeps } from '../remote/remote-agent-tool.js';
 import { RemoteAgents } from '../remote/remote-agents.js';
+import { cardSignerFor, loadCardKeyFiles } from '../cards/card-trust.js';
 import { registerOperatorSurfaces } from '../ui/operator-surfaces.js';
 import { A2AService } from '../a2a/a2a-service.js';
 import { registerA2ARoutes } from '../a2a/a2a-routes.js';
+import { hostPort } from '../a2a/agent-card.js';
+import { GrpcServer } from '../a2a/grpc-binding.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/task-projector.js';
@@ -35,6 +39,8 @@ import { openDatabase, type DatabaseHandle } from './open-database.js';
 const CLAIM_COALESCE_MS = 40;
 /** /readyz answers within this bound (both probes run at once) even when a dependency hangs. */
 const READINESS_TIMEOUT_MS = 2000;
+/** At shutdown, gRPC calls still open this long after the streams were told to end are cut. */
+const GRPC_CLOSE_GRACE_MS = 10_000;
 
 export type KeelInstance = {
   role: 'all' | 'api' | 'worker';
@@ -46,6 +52,8 @@ export type KeelInstance = {
   http: FastifyInstance;
   /** The address the HTTP server listens on. */
   url: string;
+  /** The `host:port` the gRPC binding listens on, or null when it is off (or this process serves no API). */
+  grpcAddress: string | null;
   stop: () => Promise<void>;
 };
 
@@ -87,6 +95,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     return { ok: false, stage: 'agents', message: built.problems.join('\n') };
   }
   const registry = built.registry;
+  // Card signing and remote card keys read from files: a missing or wrong file stops start-up here too.
+  const cardKeys = loadCardKeyFiles(config);
+  if (!cardKeys.ok) {
+    await fetch.close();
+    return { ok: false, stage: 'card signing', message: cardKeys.problems.join('\n') };
+  }
   for (const name of unretainableAgents(registry)) {
     logger.warn({ agent: name }, 'agent keeps no result under the privacy policy (answer level metadata or none): A2A requests to it are refused with RESULT_NOT_RETAINABLE');
   }
@@ -106,6 +120,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const sealing = await prepareSealing(database.pool, config.security.masterKeyFile, env);
   if (!sealing.ok) return fail('master key', sealing.message);
   if (sealing.created) logger.info({ file: config.security.masterKeyFile, keyId: sealing.sealer.activeKeyId }, 'created a new master key file');
+  const cardSigning = cardSignerFor(config, cardKeys.fileSigner, sealing.sealer);
+  if (cardSigning && !cardSigning.ok) return fail('card signing', cardSigning.message);
   const localClient = await ensureLocalClient(database.pool, config, logger, options.notice ? { write: options.notice } : {});
   if (localClient.action === 'failed') return fail('clients', localClient.message);
 
@@ -123,7 +139,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
   };
 
-  const remotes = new RemoteAgents(config.remoteAgents, { fetch, pool: database.pool, sealer: sealing.sealer, logger, env });
+  const remotes = new RemoteAgents(config.remoteAgents, { fetch, pool: database.pool, sealer: sealing.sealer, logger, env, cardTrust: cardKeys.remoteTrust });
   remoteToolDeps = { pool: database.pool, sealer: sealing.sealer, remotes, config };
 
   // Committed run revisions are projected into the journal right away in this process; the
@@ -140,6 +156,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   cleanup.push(() => listener.stop());
 
   const shutdown = new AbortController();
+  // Every open stream listens to this one signal (and removes its listener when it ends), so
+  // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
+  setMaxListeners(0, shutdown.signal);
   let executor: ReturnType<typeof createRunExecutor> | null = null;
   let runsWorker: { close: () => Promise<void> } | null = null;
   if (role !== 'api') {
@@ -153,10 +172,20 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         providerAttempts: config.runs.providerAttempts,
         providerBackoffMs: config.runs.providerBackoffMs,
         maxBackoffMs: 60_000,
+        projection: projectionOptions,
       },
       (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
       // A run now waiting on a remote task: reconcile once at once (the remote may be done already).
       (dependencyId) => void queues.ensureJob('inbox', inboxJobId(dependencyId), { dependencyId }).catch(() => undefined),
+      // A run's end journaled by its own transaction (decision 0022): blocking requests in this
+      // process are answered with the task it wrote, and no projection is owed for it.
+      {
+        begin: (runId, taskId) => {
+          projector.settling(runId);
+          return listener.beginLocalCommit(taskId);
+        },
+        journaled: async (_runId, end) => enqueueDeliveries(end.write),
+      },
     );
     queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
     runsWorker = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
@@ -178,11 +207,38 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   });
   cleanup.push(() => http.close());
   registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, ui: role !== 'worker' });
+  let grpc: GrpcServer | null = null;
   if (role !== 'worker') {
-    const service = new A2AService({ pool: database.pool, sealer: sealing.sealer, queues, registry, listener, projector, config, logger, shutdown: shutdown.signal });
+    const service = new A2AService({
+      pool: database.pool,
+      sealer: sealing.sealer,
+      queues,
+      registry,
+      listener,
+      projector,
+      config,
+      logger,
+      shutdown: shutdown.signal,
+      cardSigner: cardSigning?.ok ? cardSigning.signer : null,
+    });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger });
+    if (config.grpc.port !== undefined) grpc = new GrpcServer({ service, registry, authenticator, logger }, { maxMessageBytes: config.server.bodyLimitBytes });
     registerInboxRoutes(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger });
+  }
+  let grpcAddress: string | null = null;
+  // gRPC first: by the time the HTTP server hands out a card, the gRPC address it names is bound.
+  if (grpc && options.listen !== false) {
+    const host = config.grpc.host ?? config.server.host;
+    try {
+      const port = await grpc.listen(host, config.grpc.port!);
+      grpcAddress = hostPort(host, port);
+      cleanup.push(async () => grpc!.forceClose());
+      // As for the HTTP port: with port 0 and no publicAddress, cards name the port really bound.
+      if (config.grpc.port === 0 && !config.grpc.publicAddress) config.grpc.publicAddress = hostPort(host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host, port);
+    } catch (error) {
+      return fail('grpc', `cannot listen for gRPC on ${hostPort(host, config.grpc.port!)}: ${(error as Error).message}`);
+    }
   }
   let url = '';
   if (options.listen !== false) {
@@ -204,6 +260,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       // Stop taking work: no new connections (a request on an open one gets 503), no new jobs.
       // Requests in flight (streams, blocking sends) go on for now; close() resolves when they end.
       const closing = http.close().catch(() => undefined);
+      const grpcClosing = grpcAddress ? grpc!.close() : Promise.resolve();
       // Runs in flight may finish within the grace period; the rest go back to the queue.
       if (executor) {
         // This worker takes no new run (those in flight go on): a released run's wake-up goes to
@@ -222,6 +279,14 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       const closeIdle = setInterval(() => http.server.closeIdleConnections(), 50);
       await closing;
       clearInterval(closeIdle);
+      // gRPC streams ended with the same signal; a call still open after the grace is cut.
+      let graceTimer: NodeJS.Timeout | undefined;
+      const grace = new Promise<'late'>((resolve) => (graceTimer = setTimeout(resolve, GRPC_CLOSE_GRACE_MS, 'late')));
+      if ((await Promise.race([grpcClosing, grace])) === 'late') {
+        logger.warn('gRPC calls still open after the shutdown grace were cut');
+        grpc?.forceClose();
+      }
+      clearTimeout(graceTimer);
       await listener.stop().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);
@@ -230,5 +295,5 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     })();
     return stopping;
   };
-  return { ok: true, keel: { context, registry, fetch, http, url, stop, projector, listener, role } };
+  return { ok: true, keel: { context, registry, fetch, http, url, grpcAddress, stop, projector, listener, role } };
 }

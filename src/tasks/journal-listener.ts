@@ -2,15 +2,28 @@ import pg from 'pg';
 import type { KeelLogger } from '../log/logger.js';
 import type { CommonQueryMethods } from 'slonik';
 import { JOURNAL_CHANNEL, journalEndedAfter, parseJournalNotice, type JournalNotice } from './journal.js';
+import type { TaskRow } from './task-repository.js';
 
 /**
- * One LISTEN connection per process: the projector NOTIFYs the task id after each journal commit,
- * and waiting requests and streams are woken, never polled. After a reconnect every waiter is
+ * A journal commit this process is making for a task (a run's completion journals its end,
+ * docs/decisions/0022-completion-writes-the-journal.md): once its COMMIT has returned, `committed`
+ * hands the task as the transaction wrote it to this process's waiters; `unknown` says there is
+ * nothing to hand (nothing journaled, or a COMMIT whose outcome is not known), and they read.
+ */
+export type LocalCommit = { committed: (task: TaskRow, notice: JournalNotice) => void; unknown: () => void };
+
+type Waiter = (notice: JournalNotice | null, committed?: TaskRow) => void;
+
+/**
+ * One LISTEN connection per process: each journal commit (a run's completion, the projector)
+ * NOTIFYs the task id, and waiting requests and streams are woken, never polled. After a reconnect every waiter is
  * woken once, since notifications sent meanwhile were missed; waiters always reread the journal.
  */
 export class JournalListener {
   private client: pg.Client | null = null;
-  private readonly waiters = new Map<string, Set<(notice: JournalNotice | null) => void>>();
+  private readonly waiters = new Map<string, Set<Waiter>>();
+  /** The outcomes of this process's journal commits under way, per task. */
+  private readonly localCommits = new Map<string, Set<Promise<void>>>();
   private closed = false;
   private reconnectTimer: NodeJS.Timeout | null = null;
 
@@ -51,9 +64,41 @@ export class JournalListener {
     this.reconnectTimer.unref();
   }
 
-  private wake(notice: JournalNotice): void {
+  private wake(notice: JournalNotice, committed?: TaskRow): void {
     const set = this.waiters.get(notice.taskId);
-    if (set) for (const waiter of [...set]) waiter(notice);
+    if (set) for (const waiter of [...set]) waiter(notice, committed);
+  }
+
+  /**
+   * Announces a journal commit of the task that this process is about to make. Its waiters are
+   * woken by `committed` as soon as the COMMIT has returned (the NOTIFY comes later, or first: a
+   * waiter woken by it waits for this outcome rather than read the task).
+   */
+  beginLocalCommit(taskId: string): LocalCommit {
+    let settle: () => void = () => undefined;
+    const outcome = new Promise<void>((resolve) => (settle = resolve));
+    let pending = this.localCommits.get(taskId);
+    if (!pending) {
+      pending = new Set();
+      this.localCommits.set(taskId, pending);
+    }
+    pending.add(outcome);
+    let ended = false;
+    const end = (task?: TaskRow, notice?: JournalNotice) => {
+      if (ended) return;
+      ended = true;
+      if (task && notice) this.wake(notice, task);
+      pending.delete(outcome);
+      if (pending.size === 0 && this.localCommits.get(taskId) === pending) this.localCommits.delete(taskId);
+      settle();
+    };
+    return { committed: (task, notice) => end(task, notice), unknown: () => end() };
+  }
+
+  /** Resolves when every journal commit of the task this process has under way has its outcome. */
+  localCommitsSettled(taskId: string): Promise<void> | null {
+    const pending = this.localCommits.get(taskId);
+    return pending && pending.size > 0 ? Promise.all(pending).then(() => undefined) : null;
   }
 
   /** Wakes everyone without a notice: they must reread the journal (notices may have been missed). */
@@ -62,10 +107,11 @@ export class JournalListener {
   }
 
   /**
-   * Calls `onWake` after every journal commit of the task (with its notice), or with null when
-   * notices may have been missed, until the returned function is called.
+   * Calls `onWake` after every journal commit of the task (with its notice, and with the task as
+   * committed when this process made the commit), or with null when notices may have been missed,
+   * until the returned function is called.
    */
-  subscribe(taskId: string, onWake: (notice: JournalNotice | null) => void): () => void {
+  subscribe(taskId: string, onWake: Waiter): () => void {
     let set = this.waiters.get(taskId);
     if (!set) {
       set = new Set();
@@ -98,6 +144,7 @@ export class JournalListener {
  */
 export class JournalWait {
   private readonly notices: JournalNotice[] = [];
+  private committed: TaskRow | null = null;
   private missed = false;
   private wake: () => void = () => undefined;
   private readonly unsubscribe: () => void;
@@ -106,11 +153,30 @@ export class JournalWait {
     private readonly listener: JournalListener,
     private readonly taskId: string,
   ) {
-    this.unsubscribe = listener.subscribe(taskId, (notice) => {
+    this.unsubscribe = listener.subscribe(taskId, (notice, committed) => {
       if (notice) this.notices.push(notice);
       else this.missed = true;
+      if (committed) this.committed = committed;
       this.wake();
     });
+  }
+
+  /**
+   * After `until` saw the end: the task as this process committed it, when the end was a journal
+   * commit of this process (docs/decisions/0022-completion-writes-the-journal.md), without reading
+   * it again. A commit of this process still under way when the notice arrived is waited for, at
+   * most `capMs`. Null when the end was committed elsewhere (another process, the projector's
+   * NOTIFY only) or its COMMIT's outcome is unknown: the caller reads the task.
+   */
+  async committedTask(capMs: number): Promise<TaskRow | null> {
+    if (this.committed) return this.committed;
+    const settled = this.listener.localCommitsSettled(this.taskId);
+    if (settled) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([settled, new Promise<void>((resolve) => (timer = setTimeout(resolve, capMs)))]);
+      clearTimeout(timer);
+    }
+    return this.committed;
   }
 
   /**

@@ -4,18 +4,19 @@ import type { RunStatus, TerminationReason } from '../../machines/run.machine.js
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { listRunOutputs } from '../runs/run-output-repository.js';
-import { recordDeliveriesFor } from '../push/delivery-repository.js';
-import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../protocol/wire.js';
-import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
-import { failureMetadata, failureStatusMessage } from './failure-status.js';
+import type { Artifact, Message, TaskState } from '../protocol/wire.js';
+import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type ProjectionOptions } from './journal-writer.js';
 import { openSealed } from './task-repository.js';
-import { taskStateOf } from './task-state.js';
 
 // The projector turns committed run revisions into the journal (a2a_events) and the view's
 // watermark (`a2a_tasks.projected_revision`). It never runs a model or a tool, reads only
 // committed state, and is idempotent per revision: everything up to the run's current revision is
 // projected at once under the task-row lock, and the watermark keeps a revision from being
-// projected twice.
+// projected twice. A run's end is journaled by its completion transaction itself
+// (docs/decisions/0022-completion-writes-the-journal.md): for such a revision the projector finds
+// the watermark there already and writes nothing; it journals the transitions that have no
+// completion of their own (claims, suspensions, resumptions, cancellations, requeues, failures
+// settled elsewhere) and repairs whatever a crash left undone.
 
 const lockedTask = z.object({
   has_outputs: z.boolean(),
@@ -37,161 +38,46 @@ const runState = z.object({
   failure_detail: z.record(z.unknown()).nullable(),
 });
 
-const projectionWrite = z.object({ updated: z.number(), inserted: z.number(), notified: z.boolean(), push_configs: z.array(z.string()) });
-
 export type ProjectionResult = { taskId: string | null; events: number; revision: number; deliveryIds: string[] };
-
-/** What the projector needs to write the push outbox with the journal. */
-export type ProjectionOptions = { push: { deadlineHours: number; maxPendingPerConfig: number; maxPendingTotal: number } };
-
-export const DEFAULT_PROJECTION_OPTIONS: ProjectionOptions = { push: { deadlineHours: 24, maxPendingPerConfig: 1000, maxPendingTotal: 100_000 } };
-
-type PendingEvent = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
 
 export async function projectRun(pool: DatabasePool, sealer: Sealer, runId: string, options: ProjectionOptions = DEFAULT_PROJECTION_OPTIONS): Promise<ProjectionResult> {
   return pool.transaction(async (transaction) => projectLocked(transaction, sealer, runId, options));
 }
 
 async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, runId: string, options: ProjectionOptions): Promise<ProjectionResult> {
-  {
-    // One statement: lock the task row (never the run row) and read the run's committed state. The
-    // commit waits for its WAL flush like every other: its NOTIFY releases blocking answers, wakes
-    // streams and makes deliveries due, so nothing it shows may be lost in a crash.
-    const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
-      SELECT t.id, t.context_id, t.projected_revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
-        r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
-        EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs
-      FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
-      WHERE t.run_id = ${runId} FOR UPDATE OF t`);
-    if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };
-    const task = row;
-    const run = { ...row, revision: row.run_revision };
-    if (run.revision <= task.projected_revision) return { taskId: task.id, events: 0, revision: task.projected_revision, deliveryIds: [] };
-    const outputs = task.has_outputs ? await listRunOutputs(transaction, sealer, runId) : [];
-
-
-    const base = { taskId: task.id, contextId: task.context_id };
-    const events: PendingEvent[] = [];
-    const status = (state: TaskState, timestamp: number, message?: Message): PendingEvent => ({
-      kind: 'status',
-      state,
-      response: { statusUpdate: { ...base, status: { state, ...(message ? { message } : {}), timestamp: isoTime(timestamp) } } },
-    });
-    let projected = task.projected_state as TaskState;
-    const state = taskStateOf(run.status as RunStatus, run.failure_detail);
-
-    if (projected === 'TASK_STATE_SUBMITTED' && run.started_at !== null && state !== 'TASK_STATE_SUBMITTED' && state !== 'TASK_STATE_REJECTED') {
-      events.push(status('TASK_STATE_WORKING', run.started_at));
-      projected = 'TASK_STATE_WORKING';
-    }
-    // A waiting run changes revision only by leaving the wait, so a run seen INPUT_REQUIRED again at
-    // a newer revision took its input and asked for more before this projection: the journal still
-    // shows it working in between (and a blocking follow-up sees the new INPUT_REQUIRED).
-    const askedAgain = projected === 'TASK_STATE_INPUT_REQUIRED' && state === 'TASK_STATE_INPUT_REQUIRED';
-    if (projected === 'TASK_STATE_INPUT_REQUIRED' && ((state !== 'TASK_STATE_INPUT_REQUIRED' && run.status !== 'queued') || askedAgain)) {
-      events.push(status('TASK_STATE_WORKING', run.status_changed_at));
-      projected = 'TASK_STATE_WORKING';
-    }
-
-    // Artifacts the agent emitted during the run, in the order they were committed.
-    const emitted = outputs.filter(
-      (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > task.projected_revision && output.runRevision <= run.revision,
-    );
-    for (const output of emitted) {
-      const content = output.content as { name?: string; description?: string; parts?: Artifact['parts'] };
-      events.push({
-        kind: 'artifact',
-        state: null,
-        response: {
-          artifactUpdate: {
-            ...base,
-            artifact: { artifactId: output.artifactId ?? `artifact-${output.ordinal}`, ...(content.name ? { name: content.name } : {}), parts: content.parts ?? [] },
-            append: output.append,
-            lastChunk: output.lastChunk,
-          },
-        },
-      });
-    }
-
-    if (state !== projected) {
-      const statusMessage = openSealed<Message | null>(sealer, task.id, 'status_message', task.status_message, null);
-      if (state === 'TASK_STATE_COMPLETED' && task.direct_message && statusMessage) {
-        const { taskId: _taskId, ...message } = statusMessage;
-        events.push({ kind: 'message', state: 'TASK_STATE_COMPLETED', response: { message } });
-      } else if (state === 'TASK_STATE_COMPLETED') {
-        // The result written by the completion transaction: artifacts not already streamed.
-        const streamed = new Set(outputs.filter((output) => output.kind === 'artifact').map((output) => output.artifactId));
-        const artifacts = openSealed<Artifact[]>(sealer, task.id, 'artifacts', task.artifacts, []);
-        for (const artifact of artifacts.filter((candidate) => !streamed.has(candidate.artifactId))) {
-          events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { ...base, artifact, lastChunk: true } } });
-        }
-        events.push(status(state, run.status_changed_at, statusMessage ?? undefined));
-      } else {
-        const reason = run.termination_reason as TerminationReason | null;
-        const derived: Message | undefined =
-          statusMessage ??
-          (reason ? failureStatusMessage({ id: task.id, contextId: task.context_id }, `${task.id}-status-${run.revision}`, reason, run.failure_detail) : undefined);
-        events.push(status(state, run.status_changed_at, state === 'TASK_STATE_WORKING' || state === 'TASK_STATE_SUBMITTED' ? undefined : derived));
-        const metadata = failureMetadata(reason);
-        if (metadata) {
-          const last = events[events.length - 1]!.response as Extract<StreamResponse, { statusUpdate: unknown }>;
-          last.statusUpdate.metadata = metadata;
-        }
-      }
-    }
-
-    // One statement writes the journal rows and the watermark, queues the NOTIFY (delivered at
-    // commit) and reads the task's push configs (after the task-row lock, as a statement of its
-    // own did): four round trips became one. The push outbox follows only when there are configs.
-    const lastSequence = task.last_sequence + events.length;
-    const rows = events.map((event, index) => {
-      const sequence = task.last_sequence + index + 1;
-      return [task.id, sequence, runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(task.id, sequence), event.response).toString('base64')] as const;
-    });
-    const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
-    const written = await transaction.one(sql.type(projectionWrite)`
-      WITH ${
-        rows.length > 0
-          ? sql.fragment`journal AS (
-        INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-        SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
-        FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
-          AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-        RETURNING 1),`
-          : sql.fragment``
-      } watermark AS (
-        UPDATE a2a_tasks SET projected_revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
-        WHERE id = ${task.id} RETURNING 1)
-      SELECT
-        (SELECT count(*) FROM watermark)::int AS updated,
-        ${rows.length > 0 ? sql.fragment`(SELECT count(*) FROM journal)::int` : sql.fragment`0`} AS inserted,
-        ${rows.length > 0 ? sql.fragment`pg_notify(${JOURNAL_CHANNEL}, ${journalNotice(task.id, lastSequence, ends)}) IS NOT NULL` : sql.fragment`false`} AS notified,
-        ${
-          rows.length > 0
-            ? sql.fragment`ARRAY(SELECT id FROM push_configs WHERE task_id = ${task.id} AND deleted_at IS NULL AND state IN ('active', 'paused') ORDER BY id)`
-            : sql.fragment`ARRAY[]::text[]`
-        } AS push_configs`);
-    if (written.updated !== 1 || written.inserted !== rows.length) {
-      throw new Error(`projection of run ${runId}: wrote ${written.inserted} of ${rows.length} events and ${written.updated} watermarks`);
-    }
-    let deliveryIds: string[] = [];
-    if (written.push_configs.length > 0) {
-      // The push outbox, in the same transaction as the events it delivers.
-      deliveryIds = await recordDeliveriesFor(
-        transaction,
-        task.id,
-        written.push_configs,
-        events.map((event, index) => ({
-          sequence: task.last_sequence + index + 1,
-          terminal: event.state !== null && isTerminalState(event.state),
-          // Any non-terminal status (INPUT_REQUIRED and AUTH_REQUIRED included): a newer state supersedes it.
-          coalescible: event.kind === 'status' && event.state !== null && !isTerminalState(event.state),
-        })),
-        options.push,
-      );
-    }
-    return { taskId: task.id, events: events.length, revision: run.revision, deliveryIds };
-  }
+  // One statement: lock the task row (never the run row) and read the run's committed state. The
+  // commit waits for its WAL flush like every other: its NOTIFY releases blocking answers, wakes
+  // streams and makes deliveries due, so nothing it shows may be lost in a crash.
+  const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
+    SELECT t.id, t.context_id, t.projected_revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
+      r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
+      EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs
+    FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
+    WHERE t.run_id = ${runId} FOR UPDATE OF t`);
+  if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };
+  if (row.run_revision <= row.projected_revision) return { taskId: row.id, events: 0, revision: row.projected_revision, deliveryIds: [] };
+  const outputs = row.has_outputs ? await listRunOutputs(transaction, sealer, runId) : [];
+  const head = {
+    taskId: row.id,
+    contextId: row.context_id,
+    projectedRevision: row.projected_revision,
+    lastSequence: row.last_sequence,
+    projectedState: row.projected_state as TaskState,
+    directMessage: row.direct_message,
+    statusMessage: () => openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null),
+    artifacts: () => openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []),
+  };
+  const run = {
+    runId,
+    status: row.status as RunStatus,
+    revision: row.run_revision,
+    startedAt: row.started_at,
+    statusChangedAt: row.status_changed_at,
+    terminationReason: row.termination_reason as TerminationReason | null,
+    failureDetail: row.failure_detail,
+  };
+  const written = await writeJournalEvents(transaction, sealer, head, run, journalEventsSince(head, run, outputs), options);
+  return { taskId: row.id, events: written.events, revision: run.revision, deliveryIds: written.deliveryIds };
 }
 
 /**
@@ -204,6 +90,7 @@ export class ProjectionScheduler {
   private readonly running = new Map<string, Promise<void>>();
   private readonly again = new Set<string>();
   private readonly sleepers = new Map<string, () => void>();
+  private readonly journaledAlready = new Set<string>();
 
   constructor(
     private readonly pool: DatabasePool,
@@ -219,6 +106,7 @@ export class ProjectionScheduler {
    * its WORKING state first) and not at all after a settle.
    */
   wake(runId: string, delayMs = 0): void {
+    this.journaledAlready.delete(runId);
     const sleeping = this.sleepers.get(runId);
     if (sleeping) {
       // A settle arrived while a claim's projection was still waiting for it: project now, once.
@@ -239,6 +127,8 @@ export class ProjectionScheduler {
         this.sleepers.set(runId, done);
       });
       this.sleepers.delete(runId);
+      // The run's settle journals everything up to its end itself (or wakes the projector again).
+      if (this.journaledAlready.delete(runId)) return;
       do {
         this.again.delete(runId);
         try {
@@ -250,6 +140,19 @@ export class ProjectionScheduler {
       } while (this.again.has(runId));
     })().finally(() => this.running.delete(runId));
     this.running.set(runId, work);
+  }
+
+  /**
+   * The run's settle is about to journal its end, with every revision before it
+   * (docs/decisions/0022-completion-writes-the-journal.md): a projection still waiting to coalesce
+   * with that settle (a claim's) would only wait for the settle's locks to find nothing to write,
+   * so it is dropped. A settle that then journals nothing wakes the projector again.
+   */
+  settling(runId: string): void {
+    const sleeping = this.sleepers.get(runId);
+    if (!sleeping) return;
+    this.journaledAlready.add(runId);
+    sleeping();
   }
 
   async idle(): Promise<void> {

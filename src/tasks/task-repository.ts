@@ -188,6 +188,16 @@ export async function recordClientReply(db: CommonQueryMethods, sealer: Sealer, 
 
 export type TaskResult = { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean };
 
+/**
+ * The result as the task row now stores it: the content kept at the level (what a reader opens)
+ * and the sealed columns, so the completion journals and answers with exactly what it wrote.
+ */
+export type StoredTaskResult = {
+  artifacts: Artifact[];
+  statusMessage: Message | null;
+  sealed: { artifacts: Buffer | null; statusMessage: Buffer | null; history: Buffer | null };
+};
+
 /** Writes the result with the completion (the caller holds the run-row lock and has reread the level). */
 export async function writeTaskResult(
   db: CommonQueryMethods,
@@ -199,21 +209,28 @@ export async function writeTaskResult(
   sealedHistory: Buffer | null,
   /** A data-modifying statement (an INSERT) to run in the same statement, as a CTE. */
   alongside: FragmentSqlToken | null = null,
-): Promise<void> {
+): Promise<StoredTaskResult> {
   const artifacts = keepAtLevel(level, result.artifacts);
   const status = result.statusMessage ? keepAtLevel(level, result.statusMessage) : undefined;
   // The agent's final status message joins the history; without one the history is unchanged.
   const newHistory = result.statusMessage
     ? sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', sealedHistory, []), result.statusMessage])
     : null;
+  const sealedArtifacts = artifacts === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts);
+  const sealedStatus = status === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'status_message'), status);
   await db.query(sql.unsafe`
     ${alongside === null ? sql.fragment`` : sql.fragment`WITH alongside AS (${alongside})`}
     UPDATE a2a_tasks SET
-      artifacts = ${artifacts === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts))},
-      status_message = ${status === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), status))},
+      artifacts = ${sealedArtifacts === null ? null : sql.binary(sealedArtifacts)},
+      status_message = ${sealedStatus === null ? null : sql.binary(sealedStatus)},
       ${newHistory === null ? sql.fragment`` : sql.fragment`history = ${sql.binary(newHistory)},`}
       direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
     WHERE id = ${taskId}`);
+  return {
+    artifacts: artifacts ?? [],
+    statusMessage: status ?? null,
+    sealed: { artifacts: sealedArtifacts, statusMessage: sealedStatus, history: newHistory ?? sealedHistory },
+  };
 }
 
 /** Removes every stored content of the task (a ceiling tightened to metadata or none mid-run). */

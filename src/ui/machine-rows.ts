@@ -1,5 +1,6 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
+import { TERMINAL_RUN_STATUSES } from '../../machines/run.machine.js';
 import { maskCredential } from '../push/push-admin.js';
 import type { CatalogEntry } from './machine-catalog.js';
 
@@ -76,10 +77,13 @@ export const ROW_SOURCES: Record<string, RowSource> = {
     column: 'status',
     noun: 'runs',
     list: async (db, state, limit) => {
+      // An open status is looked up among the open runs (runs_open_idx, sql/0016).
       const rows = await db.any(sql.type(runRow)`
         SELECT r.id, r.agent, r.termination_reason, c.name AS client, r.created_at, r.updated_at
         FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id LEFT JOIN clients c ON c.id = t.owner
-        WHERE r.status = ${state} ORDER BY r.updated_at DESC, r.id LIMIT ${limit}`);
+        WHERE r.status = ${state}
+          ${(TERMINAL_RUN_STATUSES as readonly string[]).includes(state) ? sql.fragment`` : sql.fragment`AND r.settled_at IS NULL`}
+        ORDER BY r.updated_at DESC, r.id LIMIT ${limit}`);
       return {
         columns: ['run', 'agent', 'reason', 'client', 'created', 'last change'],
         rows: rows.map((row) => [uuidCell(row.id, runHref(row.id)), text(row.agent), text(row.termination_reason), text(row.client), text(time(row.created_at)), text(time(row.updated_at))]),

@@ -1,6 +1,6 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
-import { RUN_STATUSES, TERMINATION_REASONS } from '../../machines/run.machine.js';
+import { RUN_STATUSES, TERMINAL_RUN_STATUSES, TERMINATION_REASONS } from '../../machines/run.machine.js';
 import { tableExists } from './machine-rows.js';
 
 // What the operator pages read beyond the repositories: filtered run lists, a run's task, journal
@@ -34,7 +34,11 @@ export type ListedRun = z.infer<typeof listedRun>;
 
 export async function listRunsFiltered(db: CommonQueryMethods, filter: RunFilter): Promise<readonly ListedRun[]> {
   const conditions = [sql.fragment`true`];
-  if (filter.status && (RUN_STATUSES as readonly string[]).includes(filter.status)) conditions.push(sql.fragment`r.status = ${filter.status}`);
+  if (filter.status && (RUN_STATUSES as readonly string[]).includes(filter.status)) {
+    conditions.push(sql.fragment`r.status = ${filter.status}`);
+    // An open status is looked up among the open runs (runs_open_idx, sql/0016).
+    if (!(TERMINAL_RUN_STATUSES as readonly string[]).includes(filter.status)) conditions.push(sql.fragment`r.settled_at IS NULL`);
+  }
   if (filter.reason && (TERMINATION_REASONS as readonly string[]).includes(filter.reason)) conditions.push(sql.fragment`r.termination_reason = ${filter.reason}`);
   if (filter.agent) conditions.push(sql.fragment`r.agent = ${filter.agent}`);
   if (filter.client) conditions.push(sql.fragment`c.name = ${filter.client}`);
@@ -118,14 +122,14 @@ export async function runsWaitingForApproval(db: CommonQueryMethods, limit: numb
   return db.any(sql.type(waitingRun)`
     SELECT r.id, r.agent, r.revision, r.updated_at, c.name AS client, r.task_id
     FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id LEFT JOIN clients c ON c.id = t.owner
-    WHERE r.status = 'waiting_for_approval' ORDER BY r.updated_at, r.id LIMIT ${limit}`);
+    WHERE r.settled_at IS NULL AND r.status = 'waiting_for_approval' ORDER BY r.updated_at, r.id LIMIT ${limit}`);
 }
 
 export type Badges = { approvals: number; pausedConfigs: number };
 
 export async function badges(db: CommonQueryMethods): Promise<Badges> {
   return db.one(sql.type(z.object({ approvals: z.number(), pausedConfigs: z.number() }))`
-    SELECT (SELECT count(*)::int FROM runs WHERE status = 'waiting_for_approval') AS approvals,
+    SELECT (SELECT count(*)::int FROM runs WHERE settled_at IS NULL AND status = 'waiting_for_approval') AS approvals,
       (SELECT count(*)::int FROM push_configs WHERE state = 'paused' AND deleted_at IS NULL) AS "pausedConfigs"`);
 }
 

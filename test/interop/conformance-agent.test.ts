@@ -9,8 +9,9 @@ import { readSse } from '../support/sse.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 
 // The built-in conformance agent (docs/conformance.md) with the agents and provider
-// of test/conformance.config.yaml, driven by the official SDK client on both bindings: each
-// messageId prefix gives the documented behaviour, through Keel's ordinary pipeline.
+// of test/conformance.config.yaml, driven by the official SDK client on all three bindings (gRPC
+// on, as that config has it): each messageId prefix gives the documented behaviour, through
+// Keel's ordinary pipeline.
 
 type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
 
@@ -26,6 +27,7 @@ let token = '';
 beforeAll(async () => {
   keel = await startTestKeel({
     overrides: {
+      KEEL_GRPC_PORT: '0',
       KEEL_PRIVACY_LEVEL: 'full',
       KEEL_PROVIDERS: { conformance: { ...conformanceConfig.providers.conformance, streamTimeoutSeconds: STREAM_TIMEOUT_SECONDS } },
       KEEL_AGENTS: conformanceConfig.agents,
@@ -64,7 +66,7 @@ const outline = (event: Json): string => {
 
 const FILE_PART = { raw: Buffer.from('tck').toString('base64'), filename: 'output.txt', mediaType: 'text/plain' };
 
-describe.each<Binding>(['JSONRPC', 'HTTP+JSON'])('the conformance agent over %s', (binding) => {
+describe.each<Binding>(['JSONRPC', 'HTTP+JSON', 'GRPC'])('the conformance agent over %s', (binding) => {
   let client: Client;
   beforeAll(async () => {
     client = await sdkClient(keel.url, 'conformance', token, binding);

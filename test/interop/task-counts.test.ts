@@ -25,9 +25,12 @@ const key = (row: z.infer<typeof countsRow>) => `${row.owner}/${row.agent}/${row
 async function countsBothWays() {
   const pool = keel.context.pool;
   const exact = await pool.any(sql.type(countsRow)`SELECT owner::text, agent, state, count(*)::int AS n FROM a2a_tasks GROUP BY 1, 2, 3`);
+  // A delta that moves tasks (from_state set, sql/0016) adds n to its state and takes n from from_state.
   const counted = await pool.any(sql.type(countsRow)`
     SELECT owner::text, agent, state, sum(n)::int AS n FROM (
-      SELECT owner, agent, state, n FROM a2a_task_counts UNION ALL SELECT owner, agent, state, n FROM a2a_task_count_deltas
+      SELECT owner, agent, state, n FROM a2a_task_counts
+      UNION ALL SELECT owner, agent, state, n FROM a2a_task_count_deltas
+      UNION ALL SELECT owner, agent, from_state, -n FROM a2a_task_count_deltas WHERE from_state IS NOT NULL
     ) AS parts GROUP BY 1, 2, 3 HAVING sum(n) <> 0`);
   const asMap = (rows: readonly z.infer<typeof countsRow>[]) => Object.fromEntries(rows.map((row) => [key(row), row.n]));
   return { exact: asMap(exact), counted: asMap(counted) };
@@ -140,17 +143,20 @@ describe('ListTasks totalSize from the task counters', () => {
   it('the migration counts the tasks a database already holds', async () => {
     await send('echo', 3);
     await send('broken', 1);
-    // Take 0009 back out of this database (its tasks stay) and apply it again.
+    // Take 0009 back out of this database (its tasks stay), with the per-statement count triggers
+    // 0016 put in its trigger's place, and apply both again (0016 may run again).
     await keel.context.pool.transaction(async (transaction) => {
-      await transaction.query(sql.unsafe`DROP TRIGGER a2a_tasks_count ON a2a_tasks`);
-      await transaction.query(sql.unsafe`DROP FUNCTION keel_count_task_change()`);
+      for (const trigger of ['a2a_tasks_count_inserts', 'a2a_tasks_count_deletes', 'a2a_tasks_count_rekeys']) {
+        await transaction.query(sql.unsafe`DROP TRIGGER ${sql.identifier([trigger])} ON a2a_tasks`);
+      }
+      await transaction.query(sql.unsafe`DROP FUNCTION keel_count_inserted_tasks(), keel_count_deleted_tasks(), keel_count_rekeyed_task()`);
       await transaction.query(sql.unsafe`DROP TABLE a2a_task_counts, a2a_task_count_deltas`);
       await transaction.query(sql.unsafe`DROP INDEX a2a_tasks_agent_list_idx`);
       await transaction.query(sql.unsafe`CREATE INDEX a2a_tasks_owner_list_idx ON a2a_tasks (owner, status_timestamp DESC, id DESC)`);
-      await transaction.query(sql.unsafe`DELETE FROM keel_migrations WHERE id = 9`);
+      await transaction.query(sql.unsafe`DELETE FROM keel_migrations WHERE id IN (9, 16)`);
     });
     const migrated = await migrate(keel.databaseUrl);
-    expect(migrated).toMatchObject({ ok: true, applied: ['0009_task_counts.sql'] });
+    expect(migrated).toMatchObject({ ok: true, applied: ['0009_task_counts.sql', '0016_fewer_row_versions.sql'] });
     expect(await deltaRows()).toBe(0);
     const backfilled = await countsBothWays();
     expect(backfilled.counted).toEqual(backfilled.exact);

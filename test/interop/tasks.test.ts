@@ -220,7 +220,8 @@ describe('one journal for polling and streams', () => {
 describe('a crash between the completion commit and projection', () => {
   it('is repaired after restart: the events are projected once and GetTask shows the result', async () => {
     await keel.stop();
-    // What a crash leaves behind: the task and its completion committed, nothing projected.
+    // What a crash leaves behind: the task, its claim (never projected) and its completion
+    // committed by a process that is gone; the completion journaled its end itself (decision 0022).
     const offline = await startTestKeel({ databaseUrl: database.url, env: { KEEL_MASTER_KEY: masterKey }, overrides, start: { role: 'api' } });
     const client = await sdkClient(offline.url, 'echo', token);
     const task = (await client.sendMessage(textMessage('crash me', { returnImmediately: true }))) as { id: string };
@@ -239,7 +240,7 @@ describe('a crash between the completion commit and projection', () => {
     await offline.stop();
 
     keel = await start();
-    await waitFor(async () => (await count('a2a_events', sql.fragment`task_id = ${task.id} AND state = 'TASK_STATE_COMPLETED'`)) === 1, 'the sweeper to project the completion');
+    await waitFor(async () => (await count('a2a_events', sql.fragment`task_id = ${task.id} AND state = 'TASK_STATE_COMPLETED'`)) === 1, 'the completion in the journal');
     const journal = await readJournal(keel.context.pool, keel.context.sealer, task.id, 0);
     expect(journal.map((event) => kindOf(event.response as Record<string, unknown>))).toEqual([
       'status:TASK_STATE_WORKING',

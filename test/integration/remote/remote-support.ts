@@ -40,7 +40,16 @@ export const REMOTE_TEST_OVERRIDES: Record<string, string> = {
   KEEL_RUNS_PROVIDER_ATTEMPTS: '1',
 };
 
-export type RemoteAgentInput = { id: string; cardUrl: string; credentialEnv?: string; credentialSealed?: string; registration?: 'embedded' | 'separate' };
+export type RemoteAgentInput = {
+  id: string;
+  cardUrl: string;
+  credentialEnv?: string;
+  credentialSealed?: string;
+  registration?: 'embedded' | 'separate';
+  requireSignedCard?: boolean;
+  cardKey?: string;
+  cardJku?: string[];
+};
 
 /** The message the delegating agent sends to remote `remoteId`. */
 export const delegatedText = (remoteId: string) => `please handle ${remoteId}`;

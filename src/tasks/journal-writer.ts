@@ -1,0 +1,232 @@
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import type { RunStatus, TerminationReason } from '../../machines/run.machine.js';
+import type { StoredRunOutput } from '../runs/run-output-repository.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { recordDeliveriesFor } from '../push/delivery-repository.js';
+import { endsStream, isTerminalState, isoTime, type Artifact, type Message, type StreamResponse, type TaskState } from '../protocol/wire.js';
+import { eventContext, JOURNAL_CHANNEL, journalNotice, type JournalNotice } from './journal.js';
+import { failureMetadata, failureStatusMessage } from './failure-status.js';
+import { taskStateOf } from './task-state.js';
+
+// The journal events of committed run revisions, built and written in one place for the two
+// writers (docs/decisions/0022-completion-writes-the-journal.md): the completion transaction, which
+// journals the run's end itself, and the projector, which journals every other transition and
+// repairs what a crash left undone. Both hold the task-row lock and write everything from the
+// task's watermark (`a2a_tasks.projected_revision`) up to the run's revision at once, so a revision
+// is journaled once, whichever of the two gets there first.
+
+/** What the journal's writers need to write the push outbox with the journal. */
+export type ProjectionOptions = { push: { deadlineHours: number; maxPendingPerConfig: number; maxPendingTotal: number } };
+
+export const DEFAULT_PROJECTION_OPTIONS: ProjectionOptions = { push: { deadlineHours: 24, maxPendingPerConfig: 1000, maxPendingTotal: 100_000 } };
+
+/**
+ * The task as its journal last left it, read under the task-row lock. Its content is what the task
+ * row stores (sealed at the task's answer level); it is opened only when an event carries it.
+ */
+export type JournalHead = {
+  taskId: string;
+  contextId: string;
+  /** The watermark: the run revision the journal has reached. */
+  projectedRevision: number;
+  lastSequence: number;
+  projectedState: TaskState;
+  directMessage: boolean;
+  statusMessage: () => Message | null;
+  artifacts: () => Artifact[];
+};
+
+/** The run as committed (or as the transaction holding its lock has just written it). */
+export type CommittedRun = {
+  runId: string;
+  status: RunStatus;
+  revision: number;
+  startedAt: number | null;
+  statusChangedAt: number;
+  terminationReason: TerminationReason | null;
+  failureDetail: Record<string, unknown> | null;
+};
+
+export type JournalEventDraft = { kind: 'status' | 'artifact' | 'message'; state: TaskState | null; response: StreamResponse };
+
+/**
+ * The events that take the journal from `head` to the run's committed state, in order: WORKING
+ * when the journal still shows the task waiting, the artifacts the run committed since the
+ * watermark, then the new state (with the result's artifacts and status message, or the derived
+ * status message of a run that ended without one). Empty when the revision is journaled already.
+ */
+export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs: readonly StoredRunOutput[]): JournalEventDraft[] {
+  if (run.revision <= head.projectedRevision) return [];
+  const base = { taskId: head.taskId, contextId: head.contextId };
+  const events: JournalEventDraft[] = [];
+  const status = (state: TaskState, timestamp: number, message?: Message): JournalEventDraft => ({
+    kind: 'status',
+    state,
+    response: { statusUpdate: { ...base, status: { state, ...(message ? { message } : {}), timestamp: isoTime(timestamp) } } },
+  });
+  let projected = head.projectedState;
+  const state = taskStateOf(run.status, run.failureDetail);
+
+  if (projected === 'TASK_STATE_SUBMITTED' && run.startedAt !== null && state !== 'TASK_STATE_SUBMITTED' && state !== 'TASK_STATE_REJECTED') {
+    events.push(status('TASK_STATE_WORKING', run.startedAt));
+    projected = 'TASK_STATE_WORKING';
+  }
+  // A waiting run changes revision only by leaving the wait, so a run seen INPUT_REQUIRED again at
+  // a newer revision took its input and asked for more before this projection: the journal still
+  // shows it working in between (and a blocking follow-up sees the new INPUT_REQUIRED).
+  const askedAgain = projected === 'TASK_STATE_INPUT_REQUIRED' && state === 'TASK_STATE_INPUT_REQUIRED';
+  if (projected === 'TASK_STATE_INPUT_REQUIRED' && ((state !== 'TASK_STATE_INPUT_REQUIRED' && run.status !== 'queued') || askedAgain)) {
+    events.push(status('TASK_STATE_WORKING', run.statusChangedAt));
+    projected = 'TASK_STATE_WORKING';
+  }
+
+  // Artifacts the agent emitted during the run, in the order they were committed.
+  const emitted = outputs.filter(
+    (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > head.projectedRevision && output.runRevision <= run.revision,
+  );
+  for (const output of emitted) {
+    const content = output.content as { name?: string; description?: string; parts?: Artifact['parts'] };
+    events.push({
+      kind: 'artifact',
+      state: null,
+      response: {
+        artifactUpdate: {
+          ...base,
+          artifact: { artifactId: output.artifactId ?? `artifact-${output.ordinal}`, ...(content.name ? { name: content.name } : {}), parts: content.parts ?? [] },
+          append: output.append,
+          lastChunk: output.lastChunk,
+        },
+      },
+    });
+  }
+
+  if (state !== projected) {
+    const statusMessage = head.statusMessage();
+    if (state === 'TASK_STATE_COMPLETED' && head.directMessage && statusMessage) {
+      const { taskId: _taskId, ...message } = statusMessage;
+      events.push({ kind: 'message', state: 'TASK_STATE_COMPLETED', response: { message } });
+    } else if (state === 'TASK_STATE_COMPLETED') {
+      // The result written by the completion transaction: artifacts not already streamed.
+      const streamed = new Set(outputs.filter((output) => output.kind === 'artifact').map((output) => output.artifactId));
+      for (const artifact of head.artifacts().filter((candidate) => !streamed.has(candidate.artifactId))) {
+        events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { ...base, artifact, lastChunk: true } } });
+      }
+      events.push(status(state, run.statusChangedAt, statusMessage ?? undefined));
+    } else {
+      const reason = run.terminationReason;
+      const derived: Message | undefined =
+        statusMessage ??
+        (reason ? failureStatusMessage({ id: head.taskId, contextId: head.contextId }, `${head.taskId}-status-${run.revision}`, reason, run.failureDetail) : undefined);
+      events.push(status(state, run.statusChangedAt, state === 'TASK_STATE_WORKING' || state === 'TASK_STATE_SUBMITTED' ? undefined : derived));
+      const metadata = failureMetadata(reason);
+      if (metadata) {
+        const last = events[events.length - 1]!.response as Extract<StreamResponse, { statusUpdate: unknown }>;
+        last.statusUpdate.metadata = metadata;
+      }
+    }
+  }
+  return events;
+}
+
+const journalWrite = z.object({
+  updated: z.number(),
+  inserted: z.number(),
+  notified: z.boolean(),
+  push_configs: z.array(z.string()),
+  task_state: z.string().nullable(),
+  status_timestamp: z.number().nullable(),
+});
+
+export type JournalWrite = {
+  /** Events written (0: the revision was journaled already, nothing was written). */
+  events: number;
+  revision: number;
+  /** The push deliveries written with the events (their wake-ups are added after the commit). */
+  deliveryIds: string[];
+  /** What the commit NOTIFYs, null when it NOTIFYs nothing. */
+  notice: JournalNotice | null;
+  /** The task row after the write: its state and status timestamp. */
+  state: TaskState;
+  statusTimestamp: number;
+  lastSequence: number;
+};
+
+/**
+ * Writes `events` after the head's last sequence at the run's revision, in the caller's
+ * transaction, which holds the task-row lock: one statement writes the journal rows and the
+ * watermark, queues the NOTIFY (delivered at commit) and reads the task's push configs (after the
+ * task-row lock); the push outbox follows only when there are configs. A delivery's id is derived
+ * from its task, config and event (src/push/delivery-id.ts), so an event journaled twice names
+ * one delivery. The transaction commits synchronously
+ * (docs/decisions/0019-nothing-visible-committed-asynchronously.md): its NOTIFY shows the events.
+ */
+export async function writeJournalEvents(
+  transaction: CommonQueryMethods,
+  sealer: Sealer,
+  head: JournalHead,
+  run: CommittedRun,
+  events: readonly JournalEventDraft[],
+  options: ProjectionOptions,
+): Promise<JournalWrite> {
+  const state = taskStateOf(run.status, run.failureDetail);
+  const lastSequence = head.lastSequence + events.length;
+  const rows = events.map((event, index) => {
+    const sequence = head.lastSequence + index + 1;
+    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response).toString('base64')] as const;
+  });
+  const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
+  const notice = rows.length > 0 ? journalNotice(head.taskId, lastSequence, ends) : null;
+  const written = await transaction.one(sql.type(journalWrite)`
+    WITH ${
+      rows.length > 0
+        ? sql.fragment`journal AS (
+      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
+      FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
+        AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      RETURNING 1),`
+        : sql.fragment``
+    } watermark AS (
+      UPDATE a2a_tasks SET projected_revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
+      WHERE id = ${head.taskId} RETURNING state, status_timestamp)
+    SELECT
+      (SELECT count(*) FROM watermark)::int AS updated,
+      ${rows.length > 0 ? sql.fragment`(SELECT count(*) FROM journal)::int` : sql.fragment`0`} AS inserted,
+      ${notice !== null ? sql.fragment`pg_notify(${JOURNAL_CHANNEL}, ${notice}) IS NOT NULL` : sql.fragment`false`} AS notified,
+      ${
+        rows.length > 0
+          ? sql.fragment`ARRAY(SELECT id FROM push_configs WHERE task_id = ${head.taskId} AND deleted_at IS NULL AND state IN ('active', 'paused') ORDER BY id)`
+          : sql.fragment`ARRAY[]::text[]`
+      } AS push_configs,
+      (SELECT state FROM watermark) AS task_state,
+      (SELECT status_timestamp FROM watermark) AS status_timestamp`);
+  if (written.updated !== 1 || written.inserted !== rows.length || written.task_state === null || written.status_timestamp === null) {
+    throw new Error(`journal of run ${run.runId}: wrote ${written.inserted} of ${rows.length} events and ${written.updated} watermarks`);
+  }
+  let deliveryIds: string[] = [];
+  if (written.push_configs.length > 0) {
+    // The push outbox, in the same transaction as the events it delivers.
+    deliveryIds = await recordDeliveriesFor(
+      transaction,
+      head.taskId,
+      written.push_configs,
+      events.map((event, index) => ({
+        sequence: head.lastSequence + index + 1,
+        terminal: event.state !== null && isTerminalState(event.state),
+        // Any non-terminal status (INPUT_REQUIRED and AUTH_REQUIRED included): a newer state supersedes it.
+        coalescible: event.kind === 'status' && event.state !== null && !isTerminalState(event.state),
+      })),
+      options.push,
+    );
+  }
+  return {
+    events: events.length,
+    revision: run.revision,
+    deliveryIds,
+    notice: notice === null ? null : { taskId: head.taskId, lastSequence, ends },
+    state: written.task_state as TaskState,
+    statusTimestamp: written.status_timestamp,
+    lastSequence,
+  };
+}

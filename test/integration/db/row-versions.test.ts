@@ -1,0 +1,235 @@
+import { randomUUID } from 'node:crypto';
+import { pino } from 'pino';
+import { sql, type CommonQueryMethods } from 'slonik';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { createClient } from '../../../src/auth/client-repository.js';
+import {
+  claimForResume,
+  claimQueuedRun,
+  claimQueuedRuns,
+  insertRunStatement,
+  listApprovalsPastTimeout,
+  listQueuedRunIds,
+  listRuns,
+  renewLease,
+  settleRun,
+  suspendRun,
+} from '../../../src/runs/run-repository.js';
+import { countTasks, foldTaskCountDeltas } from '../../../src/tasks/task-counts.js';
+import { createTaskInNewContext } from '../../../src/tasks/task-repository.js';
+import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+import { testSealer } from '../../support/test-sealer.js';
+
+// What sql/0016 promises, read from Postgres's own statistics on a real database: task-count deltas
+// are appended once per statement and key, not once per task, and a state change is one row (a
+// move from one state to another), not two; the writes a
+// run goes through before its settle are HOT updates (no index entry, pg_stat_user_tables'
+// n_tup_hot_upd grows); and the lookups of open runs use the index of open runs.
+
+let db: TestDatabase;
+const sealer = testSealer();
+const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
+const ANONYMOUS = '00000000-0000-0000-0000-000000000000';
+let otherOwner = '';
+const worker = { workerId: 'rows-worker', leaseMs: 60_000 };
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  const created = await createClient(db.pool, 'rows-other');
+  if (!created.ok) throw new Error(created.reason);
+  otherOwner = await db.pool.oneFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM clients WHERE name = 'rows-other'`);
+});
+afterAll(async () => {
+  await db?.drop();
+});
+
+const deltaRow = z.object({ owner: z.string(), agent: z.string(), state: z.string(), from_state: z.string().nullable(), n: z.number() });
+const deltaCount = () => db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_task_count_deltas`);
+
+/** The delta rows appended after the first `before` (the table is insert-only between folds and this file never folds, so its physical order is the order of the appends). */
+async function deltasAfter(before: number) {
+  const rows = await db.pool.any(sql.type(deltaRow)`SELECT owner::text, agent, state, from_state, n FROM a2a_task_count_deltas ORDER BY ctid OFFSET ${before}`);
+  return [...rows].sort((a, b) => `${a.owner}${a.agent}${a.state}`.localeCompare(`${b.owner}${b.agent}${b.state}`));
+}
+
+/** N new tasks (each a context, a queued run and a task row) in one INSERT statement, as a batch of creations would write them. */
+async function createTasksInOneStatement(tasks: ReadonlyArray<{ owner: string; agent: string }>): Promise<string[]> {
+  const ids = tasks.map(() => randomUUID());
+  await db.pool.query(sql.unsafe`
+    WITH input AS (
+      SELECT * FROM ${sql.unnest(tasks.map((task, index) => [ids[index]!, task.owner, task.agent]), ['uuid', 'uuid', 'text'])} AS i(id, owner, agent)
+    ), new_contexts AS (
+      INSERT INTO contexts (owner, id) SELECT owner, id::text FROM input RETURNING id
+    ), new_runs AS (
+      INSERT INTO runs (id, agent, status, audit_level, answer_level, task_id) SELECT id, agent, 'queued', 'metadata', 'full', id FROM input RETURNING id
+    )
+    INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level)
+    SELECT id, id::text, owner, agent, id, 'TASK_STATE_SUBMITTED', 'full' FROM input`);
+  return ids;
+}
+
+/** One task as SendMessage creates it: context, queued run and task row in one statement. */
+async function createTask(): Promise<string> {
+  const id = randomUUID();
+  await createTaskInNewContext(
+    db.pool,
+    sealer,
+    { id, contextId: id, owner: ANONYMOUS, agent: 'echo', answerLevel: 'full', history: [], metadata: {} },
+    insertRunStatement(sealer, { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', taskId: id, request: { text: 'hi' } }),
+  );
+  return id;
+}
+
+const writes = z.object({ updates: z.number(), hot: z.number() });
+
+/**
+ * The table's updates and HOT updates as the shared statistics hold them, after this connection's
+ * own pending counts are flushed: pg_stat_force_next_flush() makes the backend report them when
+ * that statement's transaction ends, and pg_stat_clear_snapshot() drops any cached reading.
+ */
+async function flushedWrites(connection: CommonQueryMethods, table: string) {
+  await connection.query(sql.unsafe`SELECT pg_stat_force_next_flush()`);
+  await connection.query(sql.unsafe`SELECT pg_stat_clear_snapshot()`);
+  return connection.one(sql.type(writes)`
+    SELECT n_tup_upd::int AS updates, n_tup_hot_upd::int AS hot FROM pg_stat_user_tables WHERE relname = ${table}`);
+}
+
+/** The writes `step` caused on `table`: how many row updates, and how many of them were HOT. */
+async function writesOf(connection: CommonQueryMethods, table: string, step: () => Promise<unknown>) {
+  const before = await flushedWrites(connection, table);
+  await step();
+  const after = await flushedWrites(connection, table);
+  return { updates: after.updates - before.updates, hot: after.hot - before.hot };
+}
+
+const taskState = (id: string) =>
+  db.pool.one(sql.type(z.object({ state: z.string(), status_timestamp: z.number() }))`SELECT state, status_timestamp FROM a2a_tasks WHERE id = ${id}`);
+
+describe('task-count deltas are appended per statement and key', () => {
+  it('a statement creating N tasks appends one delta row per owner, agent and state', async () => {
+    const before = await deltaCount();
+    const ids = await createTasksInOneStatement([
+      ...Array.from({ length: 8 }, () => ({ owner: ANONYMOUS, agent: 'echo' })),
+      ...Array.from({ length: 4 }, () => ({ owner: otherOwner, agent: 'other' })),
+    ]);
+    expect(ids).toHaveLength(12);
+    expect(await deltasAfter(before)).toEqual([
+      { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_SUBMITTED', from_state: null, n: 8 },
+      { owner: otherOwner, agent: 'other', state: 'TASK_STATE_SUBMITTED', from_state: null, n: 4 },
+    ]);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_SUBMITTED' })).toBe(8);
+    expect(await countTasks(db.pool, { owner: otherOwner, agent: 'other' })).toBe(4);
+  });
+
+  it('a statement moving N runs moves their tasks in one update and appends one move per key, every task in its new state', async () => {
+    const before = await deltaCount();
+    const claimed = await claimQueuedRuns(db.pool, 100, worker);
+    expect(claimed).toHaveLength(12);
+    expect(await deltasAfter(before)).toEqual([
+      { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING', from_state: 'TASK_STATE_SUBMITTED', n: 8 },
+      { owner: otherOwner, agent: 'other', state: 'TASK_STATE_WORKING', from_state: 'TASK_STATE_SUBMITTED', n: 4 },
+    ]);
+    for (const run of claimed) {
+      const task = await taskState(run.id);
+      expect(task.state).toBe('TASK_STATE_WORKING');
+      // The status timestamp of the task and the run's status change are the transaction's.
+      expect(task.status_timestamp).toBe(run.status_changed_at);
+    }
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING' })).toBe(8);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_SUBMITTED' })).toBe(0);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo' })).toBe(8);
+
+    // The sweep's fold turns each move into its two changes of the totals; no count changes.
+    expect(await foldTaskCountDeltas(db.pool)).toBeGreaterThan(0);
+    expect(await deltaCount()).toBe(0);
+    const folded = await db.pool.any(sql.type(z.object({ state: z.string(), n: z.number() }))`
+      SELECT state, n::int AS n FROM a2a_task_counts WHERE owner = ${ANONYMOUS} AND agent = 'echo' ORDER BY state`);
+    expect(folded).toEqual([
+      { state: 'TASK_STATE_SUBMITTED', n: 0 },
+      { state: 'TASK_STATE_WORKING', n: 8 },
+    ]);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING' })).toBe(8);
+    expect(await countTasks(db.pool, { owner: otherOwner, agent: 'other' })).toBe(4);
+
+    // Writes that leave the status alone append nothing.
+    const unchanged = await deltaCount();
+    for (const run of claimed) expect(await renewLease(db.pool, run.id, worker)).toBe(true);
+    expect(await deltaCount()).toBe(unchanged);
+  });
+
+  it('a state written by hand (an operator repair) is counted too, and a statement deleting N tasks appends one row per key', async () => {
+    const [first] = await db.pool.anyFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM a2a_tasks WHERE agent = 'echo' ORDER BY id LIMIT 1`);
+    await db.pool.query(sql.unsafe`UPDATE a2a_tasks SET state = 'TASK_STATE_CANCELED' WHERE id = ${first!}`);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_CANCELED' })).toBe(1);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING' })).toBe(7);
+
+    const before = await deltaCount();
+    // Deleting the runs deletes their tasks (ON DELETE CASCADE), as the retention purge does.
+    await db.pool.query(sql.unsafe`DELETE FROM runs WHERE agent IN ('echo', 'other')`);
+    expect(await deltasAfter(before)).toEqual([
+      { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_CANCELED', from_state: null, n: -1 },
+      { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING', from_state: null, n: -7 },
+      { owner: otherOwner, agent: 'other', state: 'TASK_STATE_WORKING', from_state: null, n: -4 },
+    ]);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo' })).toBe(0);
+    expect(await countTasks(db.pool, { owner: otherOwner, agent: 'other' })).toBe(0);
+  });
+});
+
+describe('a run is written in place until its settle (HOT updates)', () => {
+  it('the claim, a lease renewal, a suspension and the resume are HOT; the settle, which leaves the open runs, is not', async () => {
+    const id = await createTask();
+    await db.pool.connect(async (connection) => {
+      const claim = await writesOf(connection, 'runs', async () => expect(await claimQueuedRun(connection, id, worker)).not.toBeNull());
+      expect(claim).toEqual({ updates: 1, hot: 1 });
+      expect((await taskState(id)).state).toBe('TASK_STATE_WORKING');
+
+      expect(await writesOf(connection, 'runs', async () => expect(await renewLease(connection, id, worker)).toBe(true))).toEqual({ updates: 1, hot: 1 });
+
+      const suspend = await writesOf(connection, 'runs', async () =>
+        expect(await suspendRun(connection, sealer, id, worker.workerId, 'waiting_for_input', { turn: 1 })).not.toBeNull(),
+      );
+      expect(suspend).toEqual({ updates: 1, hot: 1 });
+      expect((await taskState(id)).state).toBe('TASK_STATE_INPUT_REQUIRED');
+
+      const resume = await writesOf(connection, 'runs', async () => expect(await claimForResume(connection, id, 'waiting_for_input', worker)).not.toBeNull());
+      expect(resume).toEqual({ updates: 1, hot: 1 });
+      expect((await taskState(id)).state).toBe('TASK_STATE_WORKING');
+
+      const settle = await writesOf(connection, 'runs', async () =>
+        expect(await settleRun(connection, logger, id, { status: 'completed', reason: 'completed', workerId: worker.workerId })).toMatchObject({ settled: true }),
+      );
+      expect(settle).toEqual({ updates: 1, hot: 0 });
+      expect((await taskState(id)).state).toBe('TASK_STATE_COMPLETED');
+    });
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_COMPLETED' })).toBe(1);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo' })).toBe(1);
+  });
+
+  it('the lookups of open runs use the index of open runs, not a scan of every run ever settled', async () => {
+    const queued = await createTask();
+    const indexScans = async (connection: CommonQueryMethods) => {
+      await connection.query(sql.unsafe`SELECT pg_stat_force_next_flush()`);
+      await connection.query(sql.unsafe`SELECT pg_stat_clear_snapshot()`);
+      return connection.oneFirst(sql.type(z.object({ n: z.number() }))`
+        SELECT idx_scan::int AS n FROM pg_stat_user_indexes WHERE indexrelname = 'runs_open_idx'`);
+    };
+    await db.pool.connect(async (connection) => {
+      // On a table this small a sequential scan would win; forbidding it shows which index each query can use.
+      await connection.query(sql.unsafe`SET enable_seqscan = off`);
+      const lookups: Array<[string, () => Promise<unknown>]> = [
+        ['listQueuedRunIds', async () => expect(await listQueuedRunIds(connection, 10)).toContain(queued)],
+        ['listApprovalsPastTimeout', () => listApprovalsPastTimeout(connection, 1, 10)],
+        ['listRuns (an open status)', async () => expect((await listRuns(connection, { status: 'queued', limit: 10 })).map((run) => run.id)).toContain(queued)],
+        ['claimQueuedRuns', async () => expect((await claimQueuedRuns(connection, 10, worker)).map((run) => run.id)).toContain(queued)],
+      ];
+      for (const [name, lookup] of lookups) {
+        const before = await indexScans(connection);
+        await lookup();
+        expect({ name, scans: (await indexScans(connection)) - before }).toEqual({ name, scans: 1 });
+      }
+      await connection.query(sql.unsafe`RESET enable_seqscan`);
+    });
+  });
+});
