@@ -57,6 +57,25 @@ export type LoopOutcome =
 
 export type LoopContext = LoopState & { limits: LoopLimits; outcome: LoopOutcome | null };
 
+/** The loop state of a request not yet worked on: its transcript, nothing counted or pending. */
+export function freshLoopState(messages: TranscriptMessage[], requestMetadata?: Record<string, unknown>): LoopState {
+  return {
+    ...(requestMetadata ? { requestMetadata } : {}),
+    transcript: messages,
+    iteration: 0,
+    toolCallCount: 0,
+    inputTokens: 0,
+    outputTokens: 0,
+    providerIndex: 0,
+    inputChecked: false,
+    lastText: null,
+    pendingApproval: null,
+    pendingInput: null,
+    pendingDependency: null,
+    resume: null,
+  };
+}
+
 export type CheckpointResult = { alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' };
 
 export type ModelStepResult =

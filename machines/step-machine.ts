@@ -244,7 +244,7 @@ function checkSteppable(machine: AnyStateMachine): string[] {
     if (typeof action === 'string' || (typeof action === 'object' && action !== null && 'type' in action)) {
       const name = typeof action === 'string' ? action : String((action as { type: unknown }).type);
       const implementation = namedActions[name];
-      if (implementation === undefined) refusals.push(`${where}: action ${name} is not implemented in setup({ actions })`);
+      if (implementation === undefined) refusals.push(`${where}: action ${name} has no implementation in setup({ actions })`);
       else checkAction(implementation, `${where} (action ${name})`);
       return;
     }

@@ -2,6 +2,7 @@ import type { Job } from 'bullmq';
 import { Ajv, type ValidateFunction } from 'ajv';
 import {
   agentLoopMachine,
+  freshLoopState,
   type CheckpointResult,
   type GuardrailOutcome,
   type LoopContext,
@@ -99,24 +100,6 @@ export type RunExecutor = {
 
 const TOOL_RESULT_LIMIT = 64 * 1024;
 
-function freshState(messages: TranscriptMessage[], requestMetadata?: Record<string, unknown>): LoopState {
-  return {
-    ...(requestMetadata ? { requestMetadata } : {}),
-    transcript: messages,
-    iteration: 0,
-    toolCallCount: 0,
-    inputTokens: 0,
-    outputTokens: 0,
-    providerIndex: 0,
-    inputChecked: false,
-    lastText: null,
-    pendingApproval: null,
-    pendingInput: null,
-    pendingDependency: null,
-    resume: null,
-  };
-}
-
 const totalsOf = (state: LoopState): RunTotals => ({
   iterations: state.iteration,
   toolCalls: state.toolCallCount,
@@ -213,7 +196,7 @@ export function createRunExecutor(
     const request = runRequestSchema.safeParse(opened.value);
     if (!request.success) return { ok: false, detail: 'the stored request is malformed' };
     const system: TranscriptMessage[] = agent.config.systemPrompt ? [{ role: 'system', content: agent.config.systemPrompt }] : [];
-    return { ok: true, state: freshState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
+    return { ok: true, state: freshLoopState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
   }
 
   // The agent loop runs without an actor per run: the stepper computes each macrostep with the

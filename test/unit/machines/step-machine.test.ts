@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { assign, createActor, fromPromise, sendTo, setup, toPromise, type AnyStateMachine, type StateValue } from 'xstate';
 import {
   agentLoopMachine,
+  freshLoopState,
   type CheckpointResult,
   type GuardrailOutcome,
   type LoopContext,
@@ -95,18 +96,7 @@ async function throughStepper(input: LoopContext, script: Script): Promise<Trace
 
 function loopInput(overrides: Partial<LoopContext> = {}): LoopContext {
   return {
-    transcript: [{ role: 'user', content: 'hello' }],
-    iteration: 0,
-    toolCallCount: 0,
-    inputTokens: 0,
-    outputTokens: 0,
-    providerIndex: 0,
-    inputChecked: false,
-    lastText: null,
-    pendingApproval: null,
-    pendingInput: null,
-    pendingDependency: null,
-    resume: null,
+    ...freshLoopState([{ role: 'user', content: 'hello' }]),
     limits: { maxIterations: 4, tokenBudget: null },
     outcome: null,
     ...overrides,
