@@ -20,7 +20,8 @@ import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
-import { completeRun, failHeldRun, type CompletionResult, type FailureInput, type JournaledEnd } from '../src/tasks/complete-run.js';
+import { completeRun, failHeldRun, type CompletionInput, type CompletionResult, type FailureInput, type JournaledEnd } from '../src/tasks/complete-run.js';
+import type { CompletionBatch } from '../src/tasks/completion-batch.js';
 import type { ProjectionOptions } from '../src/tasks/journal-writer.js';
 import type { LocalCommit } from '../src/tasks/journal-listener.js';
 import { isConnectionError } from '../src/db/pool.js';
@@ -41,7 +42,9 @@ import {
 } from '../src/runs/run-repository.js';
 import { runRequestSchema } from '../src/runs/run-request.js';
 import { runJobId } from '../src/queue/job-ids.js';
-import { isFirstClaim, type RunRow } from '../src/runs/run-row.js';
+import { FIRST_CLAIM_REVISION, isFirstClaim, type RunRow } from '../src/runs/run-row.js';
+import type { FastRun, FastRunSlot, FastRuns } from '../src/runs/fast-runs.js';
+import type { RunRequest } from '../src/runs/run-request.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 
@@ -52,6 +55,17 @@ import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 export type ExecutorOptions = RetryPolicy & {
   leaseMs: number;
   heartbeatMs: number;
+  /**
+   * The fast path (docs/decisions/0025-fast-path.md): how many runs this process may take at
+   * insert, besides the queue's. 0 turns it off. The queue's worker is told how many are in
+   * flight (`onFastRuns`), so queued and fast runs share one bound.
+   */
+  fastSlots?: number;
+  onFastRuns?: (inFlight: number) => void;
+  /** The bound both kinds share (runs.concurrency): the queue's share is what fast runs leave, at least one. */
+  concurrency?: number;
+  /** Completions written together with other runs' (group commit); without it each has its own transaction. */
+  completions?: CompletionBatch;
   /** The push outbox's bounds, for the deliveries a run's end writes with its journal rows. */
   projection?: ProjectionOptions;
 };
@@ -96,9 +110,18 @@ export type RunExecutor = {
    */
   drain: (graceMs: number) => Promise<{ finished: number; released: number }>;
   processor: (job: Job<{ runId: string }>) => Promise<ExecutionReport>;
+  /** Slots for runs inserted already claimed by this process (src/runs/fast-runs.ts). */
+  fastRuns: FastRuns;
+  /** The queue's worker found no job waiting: new tasks may take the fast path again. */
+  queueDrained: () => void;
 };
 
 const TOOL_RESULT_LIMIT = 64 * 1024;
+/**
+ * How long a full queue share keeps the fast path to half the slots unless seen full again: a
+ * bound in case the queue's worker never reports it drained (the queue ran dry on another process).
+ */
+const QUEUE_BACKLOG_MS = 1000;
 
 const totalsOf = (state: LoopState): RunTotals => ({
   iterations: state.iteration,
@@ -169,6 +192,7 @@ export function createRunExecutor(
     return result;
   }
 
+  const complete = (input: CompletionInput) => (options.completions ? options.completions.complete(input) : completeRun(pool, sealer, logger, input));
   const failHeld = (runId: string, input: Omit<FailureInput, 'runId' | 'workerId' | 'projection'>) =>
     settleEnd(runId, input.taskId, () => failHeldRun(pool, sealer, logger, { ...input, runId, workerId, ...(projection ? { projection } : {}) }));
   const claim = { workerId, leaseMs: options.leaseMs };
@@ -184,19 +208,26 @@ export function createRunExecutor(
   };
 
   /** Rebuilds the loop state from the durable row: a suspended turn if there is one, else the request. */
-  function rebuild(run: RunRow, agent: RegisteredAgent): { ok: true; state: LoopState } | { ok: false; detail: string } {
+  function rebuild(run: RunRow, agent: RegisteredAgent, inserted: RunRequest | null): { ok: true; state: LoopState } | { ok: false; detail: string } {
     if (run.suspended_state) {
       const opened = sealer.openJson<LoopState>(suspendedStateContext(run.id), run.suspended_state);
       if (!opened.ok) return { ok: false, detail: `suspended state cannot be opened (${opened.reason})` };
       return { ok: true, state: opened.value };
     }
-    if (!run.queued_request) return { ok: false, detail: 'the run has no stored request' };
-    const opened = sealer.openJson(queuedRequestContext(run.id), run.queued_request);
-    if (!opened.ok) return { ok: false, detail: `request cannot be opened (${opened.reason})` };
-    const request = runRequestSchema.safeParse(opened.value);
-    if (!request.success) return { ok: false, detail: 'the stored request is malformed' };
+    let request: RunRequest;
+    if (inserted) {
+      // A fast run: the request this process sealed into the row a moment ago.
+      request = inserted;
+    } else {
+      if (!run.queued_request) return { ok: false, detail: 'the run has no stored request' };
+      const opened = sealer.openJson(queuedRequestContext(run.id), run.queued_request);
+      if (!opened.ok) return { ok: false, detail: `request cannot be opened (${opened.reason})` };
+      const parsed = runRequestSchema.safeParse(opened.value);
+      if (!parsed.success) return { ok: false, detail: 'the stored request is malformed' };
+      request = parsed.data as RunRequest;
+    }
     const system: TranscriptMessage[] = agent.config.systemPrompt ? [{ role: 'system', content: agent.config.systemPrompt }] : [];
-    return { ok: true, state: freshLoopState([...system, ...(request.data.messages as TranscriptMessage[])], request.data.metadata) };
+    return { ok: true, state: freshLoopState([...system, ...request.messages], request.metadata) };
   }
 
   // The agent loop runs without an actor per run: the stepper computes each macrostep with the
@@ -208,23 +239,119 @@ export function createRunExecutor(
   const inFlight = new Map<string, Slot>();
   let draining = false;
 
-  async function execute(runId: string): Promise<ExecutionReport> {
-    if (draining) return { kind: 'skipped' };
+  async function inSlot(runId: string, work: (slot: Slot) => Promise<ExecutionReport>): Promise<ExecutionReport> {
     let finish: () => void = () => undefined;
     const slot: Slot = { lease: null, done: new Promise<void>((resolve) => (finish = resolve)) };
     inFlight.set(runId, slot);
     try {
-      return await executeClaimed(runId, slot);
+      return await work(slot);
     } finally {
       inFlight.delete(runId);
       finish();
     }
   }
 
-  async function executeClaimed(runId: string, slot: Slot): Promise<ExecutionReport> {
-    const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
-    if (!run) return { kind: 'skipped' };
-    afterCommit(runId, true);
+  /** Runs taken from the queue now in flight (for the fast path's fairness rule below). */
+  let queuedInFlight = 0;
+  /** Until then the queue may hold waiting runs: new tasks take the queue. */
+  let queueBacklogUntil = 0;
+  const queueSaturated = () => queuedInFlight >= Math.max(1, sharedSlots - fastInFlight);
+
+  async function execute(runId: string): Promise<ExecutionReport> {
+    if (draining) return { kind: 'skipped' };
+    queuedInFlight += 1;
+    if (queueSaturated()) queueBacklogUntil = Date.now() + QUEUE_BACKLOG_MS;
+    return inSlot(runId, async (slot) => {
+      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
+      if (!run) return { kind: 'skipped' };
+      afterCommit(runId, true);
+      return executeClaimed(run, slot, null);
+    }).finally(() => (queuedInFlight -= 1));
+  }
+
+  // Fast runs: reserved before their task is written, counted until they leave the executor. A
+  // reservation that is never started or cancelled would hold a slot for good, so a reservation
+  // is a one-shot object.
+  const fastSlots = options.fastSlots ?? 0;
+  const sharedSlots = options.concurrency ?? fastSlots + 1;
+  let fastInFlight = 0;
+  const fastChanged = (delta: number) => {
+    fastInFlight += delta;
+    options.onFastRuns?.(fastInFlight);
+  };
+
+  /** The row a fast run's insert wrote (runValues with a FastStart), without reading it back. */
+  const insertedRow = (run: FastRun): RunRow => ({
+    id: run.id,
+    agent: run.agent,
+    status: 'running',
+    termination_reason: null,
+    truncated: false,
+    revision: FIRST_CLAIM_REVISION,
+    claimed_by: workerId,
+    lease_expires_at: run.at + options.leaseMs,
+    requeue_count: 0,
+    available_at: run.at,
+    audit_level: run.auditLevel,
+    answer_level: run.answerLevel,
+    queued_request: null,
+    suspended_state: null,
+    iterations: 0,
+    tool_calls: 0,
+    input_tokens: 0,
+    output_tokens: 0,
+    error_class: null,
+    inside_non_idempotent_call: null,
+    failure_detail: null,
+    provider: run.provider,
+    task_id: run.taskId,
+    status_changed_at: run.at,
+    created_at: run.at,
+    updated_at: run.at,
+    started_at: run.at,
+    settled_at: null,
+  });
+
+  const fastRuns: FastRuns = {
+    reserve: (): FastRunSlot | null => {
+      // Fairness: once the queue's share was full, runs may be waiting in the queue (requeued,
+      // resumed, received by another process). Fast runs, which would take every slot as it frees
+      // up, then hold at most half the slots until the queue's worker finds it empty (BullMQ's
+      // 'drained'), so the queue's runs always get the other half.
+      if (queueSaturated()) queueBacklogUntil = Date.now() + QUEUE_BACKLOG_MS;
+      const limit = Date.now() < queueBacklogUntil ? Math.min(fastSlots, Math.floor(sharedSlots / 2)) : fastSlots;
+      // A free slot: fast and queued runs in flight share runs.concurrency.
+      if (draining || fastInFlight >= limit || fastInFlight + queuedInFlight >= sharedSlots) return null;
+      fastChanged(1);
+      let used = false;
+      return {
+        claim,
+        start: (run) => {
+          if (used) return;
+          used = true;
+          if (draining) {
+            // Shutting down since the slot was taken: the run goes back to the queue for another worker.
+            void releaseRun(pool, run.id, workerId)
+              .then((released) => released && context.queues.addJob('runs', runJobId(run.id), { runId: run.id }))
+              .catch((error: Error) => logger.warn({ err: error, runId: run.id }, 'a fast run could not be handed back at shutdown; its lease expires and the reaper requeues it'))
+              .finally(() => fastChanged(-1));
+            return;
+          }
+          void inSlot(run.id, (slot) => executeClaimed(insertedRow(run), slot, run.request))
+            .catch((error: Error) => logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'))
+            .finally(() => fastChanged(-1));
+        },
+        cancel: () => {
+          if (used) return;
+          used = true;
+          fastChanged(-1);
+        },
+      };
+    },
+  };
+
+  async function executeClaimed(run: RunRow, slot: Slot, insertedRequest: RunRequest | null): Promise<ExecutionReport> {
+    const runId = run.id;
     const runLog = logger.child({ runId, agent: run.agent });
 
     // A run claimed for the first time has no audit rows and no stored outputs yet.
@@ -234,14 +361,17 @@ export function createRunExecutor(
       await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
-    const rebuilt = rebuild(run, agent);
+    const rebuilt = rebuild(run, agent, insertedRequest);
     if (!rebuilt.ok) {
       await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: rebuilt.detail }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
 
     const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
-    audit.record({ kind: run.suspended_state ? 'resumed' : 'claimed', meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count } });
+    audit.record({
+      kind: run.suspended_state ? 'resumed' : 'claimed',
+      meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count, ...(insertedRequest ? { fastPath: true } : {}) },
+    });
     const resume = rebuilt.state.resume;
     if (resume?.kind === 'approval') {
       audit.record({ kind: 'approval_decided', meta: { approved: resume.approved, digest: resume.digest, pending: rebuilt.state.pendingApproval?.kind ?? null } });
@@ -438,9 +568,10 @@ export function createRunExecutor(
           audit.record({ kind: 'completed', meta: { reason: result.reason, ...totals } });
           const taskId = run!.task_id;
           const settled = await settleEnd(runId, taskId, () =>
-            completeRun(pool, sealer, logger, {
+            complete({
               beforeSettle: (transaction) => audit.flushWithin(transaction),
               takeAuditInsert: () => audit.takeUnrefusableInsert(),
+              rolledBack: () => audit.restoreTaken(),
               taskId,
               hasOutputs: storedOutputs > 0,
               runId,
@@ -560,5 +691,9 @@ export function createRunExecutor(
     execute,
     drain,
     processor: (job) => execute(job.data.runId),
+    fastRuns,
+    queueDrained: () => {
+      queueBacklogUntil = 0;
+    },
   };
 }

@@ -9,7 +9,10 @@ import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
-import { cancelRun, createRun, insertRunStatement } from '../runs/run-repository.js';
+import { cancelRun, createRun } from '../runs/run-repository.js';
+import type { FastRunSlot, FastRuns } from '../runs/fast-runs.js';
+import { journalFastStart, TaskCreations } from '../tasks/task-creation.js';
+import { DEFAULT_PROJECTION_OPTIONS, type ProjectionOptions } from '../tasks/journal-writer.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
@@ -18,7 +21,6 @@ import { JournalWait, type JournalListener } from '../tasks/journal-listener.js'
 import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
   contextTranscript,
-  createTaskInNewContext,
   ensureContext,
   getTaskRow,
   insertTask,
@@ -64,6 +66,14 @@ export type A2AServiceDeps = {
   resolver?: Resolver;
   /** The key every card is signed with (`security.cardSigning`); none: cards go unsigned. */
   cardSigner?: CardSigner | null;
+  /** New tasks in new contexts, written together (group commit); made from pool and sealer when absent. */
+  creations?: TaskCreations;
+  /** This process's run slots for the fast path, when it runs workers with the fast path on. */
+  fastRuns?: FastRuns | null;
+  /** The push outbox's bounds, for the delivery of a fast run's WORKING event. */
+  projectionOptions?: ProjectionOptions;
+  /** Wakes the push deliveries a new task's WORKING event wrote. */
+  onDeliveries?: (deliveryIds: string[]) => Promise<void>;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -104,8 +114,15 @@ export class A2AService {
   /** The public and extended cards, signed when card signing is configured. */
   readonly cards: ServedCards;
 
+  private readonly creations: TaskCreations;
+
+  private get projectionOptions(): ProjectionOptions {
+    return this.deps.projectionOptions ?? DEFAULT_PROJECTION_OPTIONS;
+  }
+
   constructor(private readonly deps: A2AServiceDeps) {
     this.cards = new ServedCards(deps.config, deps.cardSigner ?? null);
+    this.creations = deps.creations ?? new TaskCreations(deps.pool, deps.sealer, { maxBatch: 64 });
   }
 
   private get blockingCapMs(): number {
@@ -250,19 +267,41 @@ export class A2AService {
       messages: [...earlier, { role: 'user' as const, content: messageText(message) }],
       metadata: { messageId: message.messageId, contextId },
     });
-    if (!message.contextId && !pushInput) {
-      // The common case, a first message: one statement, one round trip.
-      await createTaskInNewContext(pool, sealer, task, insertRunStatement(sealer, { ...runInput, request: request([]) }));
-    } else {
-      await pool.transaction(async (transaction) => {
-        await ensureContext(transaction, caller.clientId, contextId);
-        const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
-        await createRun(transaction, sealer, { ...runInput, request: request(earlier) });
-        await insertTask(transaction, sealer, task);
-        if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
-      });
+    // The fast path (docs/decisions/0025-fast-path.md): with a free run slot here, the run is
+    // inserted claimed by this process, the task WORKING with its first journal event, and it runs
+    // here once the insert committed; no queue job. Otherwise the run is QUEUED and its job added.
+    const slot: FastRunSlot | null = this.deps.fastRuns?.reserve() ?? null;
+    const fast = slot && { claim: slot.claim, at: Date.now() };
+    let runRequest: ReturnType<typeof request>;
+    let deliveries: string[] = [];
+    try {
+      if (!message.contextId && !pushInput) {
+        // The common case, a first message: one statement, written with the other requests' creations.
+        runRequest = request([]);
+        await this.creations.create({ task, run: { ...runInput, request: runRequest }, fast });
+      } else {
+        runRequest = await pool.transaction(async (transaction) => {
+          await ensureContext(transaction, caller.clientId, contextId);
+          const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
+          const asked = request(earlier);
+          await createRun(transaction, sealer, { ...runInput, request: asked }, fast);
+          await insertTask(transaction, sealer, task, fast && { at: fast.at, journaled: null });
+          if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
+          // The WORKING event through the journal's writer: a push config created above gets its delivery.
+          if (fast) deliveries = await journalFastStart(transaction, sealer, { id: taskId, contextId }, fast.at, this.projectionOptions);
+          return asked;
+        });
+      }
+    } catch (error) {
+      slot?.cancel();
+      throw error;
     }
     beforeWork?.(taskId);
+    if (slot && fast) {
+      slot.start({ id: taskId, agent: runInput.agent, taskId, auditLevel: runInput.auditLevel, answerLevel: runInput.answerLevel, provider: runInput.provider, request: runRequest, at: fast.at });
+      if (deliveries.length > 0) await this.deps.onDeliveries?.(deliveries).catch((error: Error) => this.deps.logger.warn({ err: error, taskId }, 'push wake-ups for a new task failed; the sweeper adds them'));
+      return ok({ taskId, afterSequence: 1 });
+    }
     await enqueueRun(this.deps.queues, taskId);
     return ok({ taskId, afterSequence: 0 });
   }

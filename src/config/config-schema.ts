@@ -252,6 +252,11 @@ const agentSchema = z
 const runsSchema = z
   .object({
     concurrency: z.number().int().min(1).max(1000).default(16),
+    /**
+     * A process that runs workers runs the new tasks it receives itself while it has a free run
+     * slot, without the queue (docs/decisions/0025-fast-path.md). Off: every run takes the queue.
+     */
+    fastPath: z.boolean().default(true),
     leaseSeconds: z.number().positive().max(3600).default(60),
     heartbeatSeconds: z.number().positive().max(600).default(20),
     maxRequeues: z.number().int().min(0).max(100).default(3),

@@ -16,7 +16,7 @@ import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Ceilings } from '../privacy/resolve-ceilings.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { runRow, type RunRow } from './run-row.js';
+import { FIRST_CLAIM_REVISION, INSERTED_REVISION, runRow, type RunRow } from './run-row.js';
 
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
@@ -52,18 +52,48 @@ export type CreateRunInput = {
   request: unknown;
 };
 
-/** The INSERT of a new QUEUED run, as a statement of its own or a CTE of a larger one. */
-export function insertRunStatement(sealer: Sealer, input: CreateRunInput & { id: string }) {
-  const sealed = sealer.sealJson(queuedRequestContext(input.id), input.request);
-  return sql.fragment`
-    INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request)
-    VALUES (${input.id}, ${input.agent}, ${'queued'}, ${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null},
-      ${input.taskId ?? null}, ${sql.binary(sealed)})`;
+/** A run about to be inserted already claimed by the inserting process (the fast path): its claim and the moment it starts. */
+export type FastStart = { claim: Claim; at: number };
+
+const RUN_INSERT_COLUMNS = sql.fragment`(id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
+  claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)`;
+
+/**
+ * One run's row of an INSERT: QUEUED, or, with `fast`, already claimed by the inserting process
+ * (the fast path, docs/decisions/0025-fast-path.md): the run machine's CLAIM applied at insert, so
+ * the row is what a QUEUED insert followed by `claimQueuedRun` leaves (RUNNING, owner and lease
+ * set, revision FIRST_CLAIM_REVISION). A fast run's creation and start share `at` (the caller's
+ * clock, which also stamps the task's WORKING event), so `started_at = created_at` tells it from
+ * a queued run; its lease runs on the database's clock, which the reaper reads. The lease is the
+ * debt: a process that dies before settling it leaves a RUNNING run whose lease expires, and the
+ * reaper requeues it like any claimed run.
+ */
+export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }, fast: FastStart | null = null) {
+  const sealed = sql.binary(sealer.sealJson(queuedRequestContext(input.id), input.request));
+  const common = sql.fragment`${input.id}, ${input.agent}`;
+  const levels = sql.fragment`${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null}, ${input.taskId ?? null}, ${sealed}`;
+  if (fast === null) {
+    return sql.fragment`(${common}, ${'queued'}, ${levels}, NULL, NULL, NULL, now(), now(), now(), ${INSERTED_REVISION})`;
+  }
+  const at = sql.timestamp(new Date(fast.at));
+  return sql.fragment`(${common}, ${to('CLAIM')}, ${levels}, ${fast.claim.workerId},
+    now() + ${sql.interval({ seconds: fast.claim.leaseMs / 1000 })}, ${at}, ${at}, ${at}, ${at}, ${FIRST_CLAIM_REVISION})`;
 }
 
-export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput): Promise<RunRow> {
+/** The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one. */
+export function insertRunsStatement(rows: readonly ReturnType<typeof runValues>[]) {
+  return sql.fragment`INSERT INTO runs ${RUN_INSERT_COLUMNS} VALUES ${sql.join(rows, sql.fragment`, `)}`;
+}
+
+/** The INSERT of a new QUEUED run. */
+export function insertRunStatement(sealer: Sealer, input: CreateRunInput & { id: string }) {
+  return insertRunsStatement([runValues(sealer, input)]);
+}
+
+/** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */
+export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput, fast: FastStart | null = null): Promise<RunRow> {
   const id = input.id ?? randomUUID();
-  return db.one(sql.type(runRow)`${insertRunStatement(sealer, { ...input, id })} RETURNING *`);
+  return db.one(sql.type(runRow)`${insertRunsStatement([runValues(sealer, { ...input, id }, fast)])} RETURNING *`);
 }
 
 export async function getRun(db: Db, runId: string): Promise<RunRow | null> {

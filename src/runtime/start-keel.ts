@@ -29,6 +29,8 @@ import { GrpcServer } from '../a2a/grpc-binding.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/task-projector.js';
+import { TaskCreations } from '../tasks/task-creation.js';
+import { CompletionBatch } from '../tasks/completion-batch.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor } from '../push/delivery-options.js';
@@ -37,6 +39,12 @@ import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
 const CLAIM_COALESCE_MS = 40;
+/** At most this many new tasks in one creation statement (group commit, docs/decisions/0026-group-commit.md). */
+const CREATION_BATCH = 64;
+/** At most this many completions in one transaction (it holds their run and task locks until it commits). */
+const COMPLETION_BATCH = 32;
+/** Batches of each kind in flight at once: one is written while the other waits for its WAL flush. */
+const BATCH_LANES = 2;
 /** /readyz answers within this bound (both probes run at once) even when a dependency hangs. */
 const READINESS_TIMEOUT_MS = 2000;
 /** At shutdown, gRPC calls still open this long after the streams were told to end are cut. */
@@ -160,7 +168,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
   setMaxListeners(0, shutdown.signal);
   let executor: ReturnType<typeof createRunExecutor> | null = null;
-  let runsWorker: { close: () => Promise<void> } | null = null;
+  let runsWorker: { close: () => Promise<void>; concurrency: number } | null = null;
   if (role !== 'api') {
     executor = createRunExecutor(
       context,
@@ -173,6 +181,14 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         providerBackoffMs: config.runs.providerBackoffMs,
         maxBackoffMs: 60_000,
         projection: projectionOptions,
+        // Fast and queued runs share runs.concurrency: the queue's worker takes what fast runs leave
+        // (at least one, so follow-ups and requeued runs never wait for a stream of new tasks).
+        fastSlots: role === 'all' && config.runs.fastPath ? Math.max(0, config.runs.concurrency - 1) : 0,
+        concurrency: config.runs.concurrency,
+        completions: new CompletionBatch(database.pool, sealing.sealer, logger, { maxBatch: COMPLETION_BATCH, lanes: BATCH_LANES }),
+        onFastRuns: (inFlight) => {
+          if (runsWorker) runsWorker.concurrency = Math.max(1, config.runs.concurrency - inFlight);
+        },
       },
       (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
       // A run now waiting on a remote task: reconcile once at once (the remote may be done already).
@@ -188,7 +204,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       },
     );
     queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
-    runsWorker = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
+    const runs = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
+    const runExecutor = executor;
+    runs.on('drained', () => runExecutor.queueDrained());
+    runsWorker = runs;
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
     const delivery = deliveryOptionsFor(config.push, env);
     for (const warning of delivery.warnings) logger.warn(warning);
@@ -220,6 +239,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
+      creations: new TaskCreations(database.pool, sealing.sealer, { maxBatch: CREATION_BATCH, lanes: BATCH_LANES }),
+      fastRuns: executor?.fastRuns ?? null,
+      projectionOptions,
+      onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),
     });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger });

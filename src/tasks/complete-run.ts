@@ -34,6 +34,11 @@ export type CompletionInput = {
   hasOutputs: boolean;
   /** The push outbox's bounds, for the deliveries written with the journal. */
   projection?: ProjectionOptions;
+  /**
+   * The transaction these writes rode in rolled back (a batch it shared with other runs failed):
+   * what it took from the run (its audit rows) is given back before the completion is written again.
+   */
+  rolledBack?: () => void;
 };
 
 /**
@@ -178,7 +183,7 @@ const storedContent = (sealer: Sealer, taskId: string, task: LockedTask): EndCon
 });
 
 /**
- * Completion is one transaction (docs/architecture.md, "The life of a request", transaction 3):
+ * Completion is one transaction (docs/architecture.md, "The life of a request", the last transaction):
  * under the run-row lock, reread the answer ceiling, write the sealed result (to the task row for
  * an A2A task, else to run_outputs), and move run and task to COMPLETED together. A ceiling that no
  * longer lets the result be kept fails the run instead (`result_not_retainable`) with nothing
@@ -187,74 +192,80 @@ const storedContent = (sealer: Sealer, taskId: string, task: LockedTask): EndCon
  * and push deliveries, at the settled revision) and NOTIFYs, committing synchronously.
  */
 export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<CompletionResult> {
+  return pool.transaction((transaction) => completeRunWithin(transaction, sealer, logger, input));
+}
+
+/**
+ * The completion's writes in the caller's transaction: its own (completeRun), or one shared with
+ * the completions of other runs ready at the same moment (group commit, completion-batch.ts).
+ */
+export async function completeRunWithin(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<CompletionResult> {
   const options = input.projection ?? DEFAULT_PROJECTION_OPTIONS;
-  return pool.transaction(async (transaction): Promise<CompletionResult> => {
-    const locked = await lockRunAndTask(transaction, input.runId, input.taskId, input.hasOutputs);
-    const settle = async (): Promise<CompletionResult> => ({
-      ...(await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals })),
-      journaled: null,
-    });
-    if (!locked || locked.run.status !== 'running' || locked.run.claimed_by !== input.workerId) return settle();
-    const { run, task } = locked;
-    const level = run.answer_level as PrivacyLevel;
-    // A result written to the task row carries the audit rows in the same statement.
-    const auditInsert = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditInsert?.() ?? null) : null;
-    await input.beforeSettle?.(transaction);
-
-    if (run.task_id === null || task === null) {
-      if (input.answer !== null) {
-        await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, [
-          { kind: 'answer', artifactId: 'answer', append: false, lastChunk: true, content: { artifactId: 'answer', name: 'answer', parts: [{ text: input.answer }] } },
-        ]);
-      }
-      return settle();
-    }
-
-    if (!answerIsRetainable(level)) {
-      await deleteRunOutputs(transaction, input.runId);
-      await scrubTaskContent(transaction, run.task_id);
-      const failed = await settleRun(transaction, logger, input.runId, {
-        status: 'failed',
-        reason: 'result_not_retainable',
-        workerId: input.workerId,
-        totals: input.totals,
-        failureDetail: { answerLevel: level },
-      });
-      if (!failed.settled) return { ...failed, journaled: null };
-      // Nothing of the content is left to journal: no outputs, no status message, no artifacts.
-      const scrubbed: EndContent = {
-        statusMessage: () => null,
-        artifacts: () => [],
-        sealed: { statusMessage: null, artifacts: null, history: null },
-        directMessage: task.direct_message,
-        answerLevel: task.task_answer_level,
-      };
-      return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
-    }
-
-    const presentation = input.presentation ?? 'artifact';
-    const outputs = run.has_outputs ? await listRunOutputs(transaction, sealer, input.runId) : [];
-    const artifacts: Artifact[] = mergeArtifacts(outputs);
-    if (presentation === 'artifact' && input.answer !== null) {
-      artifacts.push({ artifactId: `${run.task_id}-answer`, name: 'answer', parts: [{ text: input.answer }] });
-    }
-    const statusMessage: Message | null =
-      presentation !== 'artifact' && input.answer !== null
-        ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: task.context_id, taskId: run.task_id }
-        : null;
-    const directMessage = presentation === 'direct_message';
-    const stored = await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage }, task.history, auditInsert);
-    const completed = await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
-    if (!completed.settled) return { ...completed, journaled: null };
-    const content: EndContent = {
-      statusMessage: () => stored.statusMessage,
-      artifacts: () => stored.artifacts,
-      sealed: stored.sealed,
-      directMessage,
-      answerLevel: level,
-    };
-    return { ...completed, journaled: await journalEnd(transaction, sealer, task, completed.run, content, outputs, options) };
+  const locked = await lockRunAndTask(transaction, input.runId, input.taskId, input.hasOutputs);
+  const settle = async (): Promise<CompletionResult> => ({
+    ...(await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals })),
+    journaled: null,
   });
+  if (!locked || locked.run.status !== 'running' || locked.run.claimed_by !== input.workerId) return settle();
+  const { run, task } = locked;
+  const level = run.answer_level as PrivacyLevel;
+  // A result written to the task row carries the audit rows in the same statement.
+  const auditInsert = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditInsert?.() ?? null) : null;
+  await input.beforeSettle?.(transaction);
+
+  if (run.task_id === null || task === null) {
+    if (input.answer !== null) {
+      await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, [
+        { kind: 'answer', artifactId: 'answer', append: false, lastChunk: true, content: { artifactId: 'answer', name: 'answer', parts: [{ text: input.answer }] } },
+      ]);
+    }
+    return settle();
+  }
+
+  if (!answerIsRetainable(level)) {
+    await deleteRunOutputs(transaction, input.runId);
+    await scrubTaskContent(transaction, run.task_id);
+    const failed = await settleRun(transaction, logger, input.runId, {
+      status: 'failed',
+      reason: 'result_not_retainable',
+      workerId: input.workerId,
+      totals: input.totals,
+      failureDetail: { answerLevel: level },
+    });
+    if (!failed.settled) return { ...failed, journaled: null };
+    // Nothing of the content is left to journal: no outputs, no status message, no artifacts.
+    const scrubbed: EndContent = {
+      statusMessage: () => null,
+      artifacts: () => [],
+      sealed: { statusMessage: null, artifacts: null, history: null },
+      directMessage: task.direct_message,
+      answerLevel: task.task_answer_level,
+    };
+    return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
+  }
+
+  const presentation = input.presentation ?? 'artifact';
+  const outputs = run.has_outputs ? await listRunOutputs(transaction, sealer, input.runId) : [];
+  const artifacts: Artifact[] = mergeArtifacts(outputs);
+  if (presentation === 'artifact' && input.answer !== null) {
+    artifacts.push({ artifactId: `${run.task_id}-answer`, name: 'answer', parts: [{ text: input.answer }] });
+  }
+  const statusMessage: Message | null =
+    presentation !== 'artifact' && input.answer !== null
+      ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: task.context_id, taskId: run.task_id }
+      : null;
+  const directMessage = presentation === 'direct_message';
+  const stored = await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage }, task.history, auditInsert);
+  const completed = await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
+  if (!completed.settled) return { ...completed, journaled: null };
+  const content: EndContent = {
+    statusMessage: () => stored.statusMessage,
+    artifacts: () => stored.artifacts,
+    sealed: stored.sealed,
+    directMessage,
+    answerLevel: level,
+  };
+  return { ...completed, journaled: await journalEnd(transaction, sealer, task, completed.run, content, outputs, options) };
 }
 
 export type FailureInput = {

@@ -69,7 +69,9 @@ export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs
   const state = taskStateOf(run.status, run.failureDetail);
 
   if (projected === 'TASK_STATE_SUBMITTED' && run.startedAt !== null && state !== 'TASK_STATE_SUBMITTED' && state !== 'TASK_STATE_REJECTED') {
-    events.push(status('TASK_STATE_WORKING', run.startedAt));
+    // The first start is when the run started; a start after a requeue (the journal went back to
+    // SUBMITTED) is when it was claimed again: two WORKING events, two moments, never one body twice.
+    events.push(status('TASK_STATE_WORKING', head.lastSequence === 0 ? run.startedAt : run.statusChangedAt));
     projected = 'TASK_STATE_WORKING';
   }
   // A waiting run changes revision only by leaving the wait, so a run seen INPUT_REQUIRED again at
@@ -170,13 +172,7 @@ export async function writeJournalEvents(
   options: ProjectionOptions,
 ): Promise<JournalWrite> {
   const state = taskStateOf(run.status, run.failureDetail);
-  const lastSequence = head.lastSequence + events.length;
-  const rows = events.map((event, index) => {
-    const sequence = head.lastSequence + index + 1;
-    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response).toString('base64')] as const;
-  });
-  const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
-  const notice = rows.length > 0 ? journalNotice(head.taskId, lastSequence, ends) : null;
+  const { rows, lastSequence, notice, ends } = journalRows(sealer, head, run, events);
   const written = await transaction.one(sql.type(journalWrite)`
     WITH ${
       rows.length > 0
@@ -204,22 +200,7 @@ export async function writeJournalEvents(
   if (written.updated !== 1 || written.inserted !== rows.length || written.task_state === null || written.status_timestamp === null) {
     throw new Error(`journal of run ${run.runId}: wrote ${written.inserted} of ${rows.length} events and ${written.updated} watermarks`);
   }
-  let deliveryIds: string[] = [];
-  if (written.push_configs.length > 0) {
-    // The push outbox, in the same transaction as the events it delivers.
-    deliveryIds = await recordDeliveriesFor(
-      transaction,
-      head.taskId,
-      written.push_configs,
-      events.map((event, index) => ({
-        sequence: head.lastSequence + index + 1,
-        terminal: event.state !== null && isTerminalState(event.state),
-        // Any non-terminal status (INPUT_REQUIRED and AUTH_REQUIRED included): a newer state supersedes it.
-        coalescible: event.kind === 'status' && event.state !== null && !isTerminalState(event.state),
-      })),
-      options.push,
-    );
-  }
+  const deliveryIds = await recordEventDeliveries(transaction, head, events, written.push_configs, options);
   return {
     events: events.length,
     revision: run.revision,
@@ -229,4 +210,45 @@ export async function writeJournalEvents(
     statusTimestamp: written.status_timestamp,
     lastSequence,
   };
+}
+
+/** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload (base64). */
+export type JournalRow = readonly [string, number, string, number, number, string, string | null, string];
+
+/**
+ * The rows, watermark and NOTIFY payload of `events` written after the head at the run's
+ * revision: every payload sealed under its own (task, sequence) context.
+ */
+export function journalRows(sealer: Sealer, head: JournalHead, run: CommittedRun, events: readonly JournalEventDraft[]) {
+  const lastSequence = head.lastSequence + events.length;
+  const rows: JournalRow[] = events.map((event, index) => {
+    const sequence = head.lastSequence + index + 1;
+    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response).toString('base64')] as const;
+  });
+  const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
+  const notice = rows.length > 0 ? journalNotice(head.taskId, lastSequence, ends) : null;
+  return { rows, lastSequence, notice, ends };
+}
+
+/** The push outbox of journaled events, in the transaction that journaled them: one delivery per config and event. */
+export async function recordEventDeliveries(
+  transaction: CommonQueryMethods,
+  head: Pick<JournalHead, 'taskId' | 'lastSequence'>,
+  events: readonly JournalEventDraft[],
+  configs: readonly string[],
+  options: ProjectionOptions,
+): Promise<string[]> {
+  if (configs.length === 0) return [];
+  return recordDeliveriesFor(
+    transaction,
+    head.taskId,
+    configs,
+    events.map((event, index) => ({
+      sequence: head.lastSequence + index + 1,
+      terminal: event.state !== null && isTerminalState(event.state),
+      // Any non-terminal status (INPUT_REQUIRED and AUTH_REQUIRED included): a newer state supersedes it.
+      coalescible: event.kind === 'status' && event.state !== null && !isTerminalState(event.state),
+    })),
+    options.push,
+  );
 }

@@ -60,29 +60,36 @@ export type NewTask = {
   metadata: Record<string, unknown>;
 };
 
-function insertTaskStatement(sealer: Sealer, task: NewTask) {
+const TASK_INSERT_COLUMNS = sql.fragment`(id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
+  projected_revision, last_sequence, projected_state)`;
+
+/** A task whose run its process claimed at insert (the fast path): WORKING since `at`, its WORKING event written with it or not. */
+export type TaskStart = { at: number; journaled: { revision: number; lastSequence: number } | null };
+
+/**
+ * One task's row of an INSERT: SUBMITTED beside a QUEUED run, or WORKING since `start.at` beside
+ * a run its process claimed at insert (the fast path). The state column follows the run's status
+ * from then on (a trigger). The watermark says what the journal holds: nothing yet, or the
+ * WORKING event the same statement writes (`start.journaled`).
+ */
+export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | null = null) {
   const history = sealHistory(sealer, task.id, task.answerLevel, task.history);
-  return sql.fragment`
-    INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata)
-    VALUES (${task.id}, ${task.contextId}, ${task.owner}, ${task.agent}, ${task.id}, 'TASK_STATE_SUBMITTED',
-      ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)})`;
+  const state = start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING';
+  const journaled = start?.journaled ?? null;
+  return sql.fragment`(${task.id}, ${task.contextId}, ${task.owner}, ${task.agent}, ${task.id}, ${state},
+    ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)},
+    ${start === null ? sql.fragment`now()` : sql.timestamp(new Date(start.at))},
+    ${journaled?.revision ?? 0}, ${journaled?.lastSequence ?? 0}, ${journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED'})`;
+}
+
+/** The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one. */
+export function insertTasksStatement(rows: readonly ReturnType<typeof taskValues>[]) {
+  return sql.fragment`INSERT INTO a2a_tasks ${TASK_INSERT_COLUMNS} VALUES ${sql.join(rows, sql.fragment`, `)}`;
 }
 
 /** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
-export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask): Promise<void> {
-  await db.query(sql.unsafe`${insertTaskStatement(sealer, task)}`);
-}
-
-/**
- * A new task in a new context in one statement (one round trip, atomic on its own): the context,
- * the QUEUED run (the debt its job stands for) and the task row. Foreign keys are checked at the
- * end of the statement, when all three exist.
- */
-export async function createTaskInNewContext(db: CommonQueryMethods, sealer: Sealer, task: NewTask, run: ReturnType<typeof sql.fragment>): Promise<void> {
-  await db.query(sql.unsafe`
-    WITH new_context AS (INSERT INTO contexts (owner, id) VALUES (${task.owner}, ${task.contextId}) RETURNING id),
-      new_run AS (${run} RETURNING id)
-    ${insertTaskStatement(sealer, task)}`);
+export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask, start: TaskStart | null = null): Promise<void> {
+  await db.query(sql.unsafe`${insertTasksStatement([taskValues(sealer, task, start)])}`);
 }
 
 function sealHistory(sealer: Sealer, taskId: string, level: PrivacyLevel, history: Message[]): Buffer | null {
@@ -210,26 +217,43 @@ export async function writeTaskResult(
   /** A data-modifying statement (an INSERT) to run in the same statement, as a CTE. */
   alongside: FragmentSqlToken | null = null,
 ): Promise<StoredTaskResult> {
+  const stored = prepareTaskResult(sealer, taskId, level, result, sealedHistory);
+  const { sealed } = stored;
+  await db.query(sql.unsafe`
+    ${alongside === null ? sql.fragment`` : sql.fragment`WITH alongside AS (${alongside})`}
+    UPDATE a2a_tasks SET
+      artifacts = ${sealed.artifacts === null ? null : sql.binary(sealed.artifacts)},
+      status_message = ${sealed.statusMessage === null ? null : sql.binary(sealed.statusMessage)},
+      ${stored.historyChanged ? sql.fragment`history = ${sealed.history === null ? null : sql.binary(sealed.history)},` : sql.fragment``}
+      direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
+    WHERE id = ${taskId}`);
+  return stored;
+}
+
+/**
+ * The result as the task row will store it, sealed at the level, without writing it: the content
+ * kept at the level, the sealed columns, and whether the history changes (the agent's final status
+ * message joins it; without one it is unchanged).
+ */
+export function prepareTaskResult(
+  sealer: Sealer,
+  taskId: string,
+  level: PrivacyLevel,
+  result: TaskResult,
+  sealedHistory: Buffer | null,
+): StoredTaskResult & { historyChanged: boolean } {
   const artifacts = keepAtLevel(level, result.artifacts);
   const status = result.statusMessage ? keepAtLevel(level, result.statusMessage) : undefined;
-  // The agent's final status message joins the history; without one the history is unchanged.
   const newHistory = result.statusMessage
     ? sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', sealedHistory, []), result.statusMessage])
     : null;
   const sealedArtifacts = artifacts === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts);
   const sealedStatus = status === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'status_message'), status);
-  await db.query(sql.unsafe`
-    ${alongside === null ? sql.fragment`` : sql.fragment`WITH alongside AS (${alongside})`}
-    UPDATE a2a_tasks SET
-      artifacts = ${sealedArtifacts === null ? null : sql.binary(sealedArtifacts)},
-      status_message = ${sealedStatus === null ? null : sql.binary(sealedStatus)},
-      ${newHistory === null ? sql.fragment`` : sql.fragment`history = ${sql.binary(newHistory)},`}
-      direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
-    WHERE id = ${taskId}`);
   return {
     artifacts: artifacts ?? [],
     statusMessage: status ?? null,
     sealed: { artifacts: sealedArtifacts, statusMessage: sealedStatus, history: newHistory ?? sealedHistory },
+    historyChanged: newHistory !== null,
   };
 }
 

@@ -11,18 +11,10 @@ export async function readSse(response: Response, options: { stopAfter?: number 
     const { value, done } = await reader.read();
     if (done) break;
     buffer += decoder.decode(value, { stream: true });
-    let boundary: number;
-    while ((boundary = buffer.indexOf('\n\n')) >= 0) {
-      const block = buffer.slice(0, boundary);
-      buffer = buffer.slice(boundary + 2);
-      let id: number | null = null;
-      const data: string[] = [];
-      for (const line of block.split('\n')) {
-        if (line.startsWith('id: ')) id = Number(line.slice(4));
-        else if (line.startsWith('data: ')) data.push(line.slice(6));
-      }
-      if (data.length === 0) continue;
-      events.push({ id, data: JSON.parse(data.join('\n')) });
+    const parsed = takeSseEvents(buffer);
+    buffer = parsed.rest;
+    for (const event of parsed.events) {
+      events.push(event);
       if (options.stopAfter !== undefined && events.length >= options.stopAfter) {
         await reader.cancel();
         return events;
@@ -30,4 +22,23 @@ export async function readSse(response: Response, options: { stopAfter?: number 
     }
   }
   return events;
+}
+
+/** The complete events at the start of `buffer` (blocks ended by a blank line, comments skipped), and what is left. */
+export function takeSseEvents(buffer: string): { events: SseEvent[]; rest: string } {
+  const events: SseEvent[] = [];
+  let rest = buffer;
+  let boundary: number;
+  while ((boundary = rest.indexOf('\n\n')) >= 0) {
+    const block = rest.slice(0, boundary);
+    rest = rest.slice(boundary + 2);
+    let id: number | null = null;
+    const data: string[] = [];
+    for (const line of block.split('\n')) {
+      if (line.startsWith('id: ')) id = Number(line.slice(4));
+      else if (line.startsWith('data: ')) data.push(line.slice(6));
+    }
+    if (data.length > 0) events.push({ id, data: JSON.parse(data.join('\n')) });
+  }
+  return { events, rest };
 }

@@ -40,6 +40,10 @@ export type ScenarioCounts = {
   deliveriesMissing: number;
   /** Requests that reached the receiver before an earlier event of the same config was acknowledged: must be 0. */
   deliveriesOutOfOrder: number;
+  /** Events (same task, same body) that reached the receiver under more than one delivery id: must be 0. */
+  deliveriesUnderTwoIds: number;
+  /** Delivery ids whose request carried something other than the journal event they name now (it changed or vanished): must be 0. */
+  deliveriesChanged: number;
   dependencies: number;
   /** Dependencies resolved (or runs resumed for one) more than once: must be 0. */
   dependenciesResolvedTwice: number;
@@ -190,6 +194,8 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
   let deliveriesExpected = 0;
   let deliveriesMissing = 0;
   let deliveriesOutOfOrder = 0;
+  let deliveriesUnderTwoIds = 0;
+  let deliveriesChanged = 0;
   const receiver = input.receiver ?? null;
   if (receiver) {
     // The receiver's configs only: a delegation's remote pushes to the installation's own inbox.
@@ -225,6 +231,26 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
         if (early) deliveriesOutOfOrder += 1;
       }
     }
+    // What the receiver saw, whatever the database says now: a receiver deduplicates by delivery id,
+    // so one event must never arrive under two ids, and an id must always carry the journal event
+    // it names (a pushed event, like a streamed one, must not change or vanish afterwards). The
+    // receiver is shared by the file's installations: only this installation's tasks count.
+    const taskIds = new Set(tasks.map((task) => task.id));
+    const idsOfEvent = new Map<string, Set<string>>();
+    const changed = new Set<string>();
+    for (const receipt of receiver.receipts) {
+      const taskId = pushedTaskId(receipt.body);
+      if (taskId === null || !taskIds.has(taskId)) continue;
+      const body = JSON.stringify(receipt.body);
+      const ids = idsOfEvent.get(`${taskId}/${body}`) ?? new Set<string>();
+      ids.add(receipt.deliveryId);
+      idsOfEvent.set(`${taskId}/${body}`, ids);
+      const row = sequenceOf.get(receipt.deliveryId);
+      const event = row?.task_id === taskId ? journals.get(taskId)?.find((candidate) => candidate.sequence === row.event_sequence) : undefined;
+      if (!event || JSON.stringify(event.response) !== body) changed.add(receipt.deliveryId);
+    }
+    deliveriesUnderTwoIds = [...idsOfEvent.values()].filter((ids) => ids.size > 1).length;
+    deliveriesChanged = changed.size;
   }
 
   // ---- the clients' view ----
@@ -263,6 +289,8 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
     deliveriesExpected,
     deliveriesMissing,
     deliveriesOutOfOrder,
+    deliveriesUnderTwoIds,
+    deliveriesChanged,
     dependencies: dependencies.count,
     dependenciesResolvedTwice: dependencies.resolvedTwice,
     client: {
@@ -296,11 +324,21 @@ export async function countScenario(input: CountInput): Promise<ScenarioCounts> 
   return counts;
 }
 
+/** The task a pushed body (a StreamResponse) is about, or null when it names none. */
+function pushedTaskId(body: unknown): string | null {
+  if (typeof body !== 'object' || body === null) return null;
+  for (const value of Object.values(body as Record<string, unknown>)) {
+    const taskId = (value as { taskId?: unknown } | null)?.taskId;
+    if (typeof taskId === 'string') return taskId;
+  }
+  return null;
+}
+
 /** The suite's verdict on a scenario's counts. */
 export function problemsOf(counts: ScenarioCounts): string[] {
   const problems: string[] = [];
   if (counts.accepted < 200) problems.push(`only ${counts.accepted} tasks accepted (at least 200 expected)`);
-  for (const key of ['lost', 'duplicateEvents', 'sequenceGaps', 'deliveriesMissing', 'deliveriesOutOfOrder', 'dependenciesResolvedTwice'] as const) {
+  for (const key of ['lost', 'duplicateEvents', 'sequenceGaps', 'deliveriesMissing', 'deliveriesOutOfOrder', 'deliveriesUnderTwoIds', 'deliveriesChanged', 'dependenciesResolvedTwice'] as const) {
     if (counts[key] !== 0) problems.push(`${key}: ${counts[key]}`);
   }
   if (counts.client.shownWithoutResult !== 0) problems.push(`shownWithoutResult: ${counts.client.shownWithoutResult}`);

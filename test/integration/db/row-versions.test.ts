@@ -8,7 +8,6 @@ import {
   claimForResume,
   claimQueuedRun,
   claimQueuedRuns,
-  insertRunStatement,
   listApprovalsPastTimeout,
   listQueuedRunIds,
   listRuns,
@@ -17,7 +16,7 @@ import {
   suspendRun,
 } from '../../../src/runs/run-repository.js';
 import { countTasks, foldTaskCountDeltas } from '../../../src/tasks/task-counts.js';
-import { createTaskInNewContext } from '../../../src/tasks/task-repository.js';
+import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
 
@@ -72,12 +71,13 @@ async function createTasksInOneStatement(tasks: ReadonlyArray<{ owner: string; a
 /** One task as SendMessage creates it: context, queued run and task row in one statement. */
 async function createTask(): Promise<string> {
   const id = randomUUID();
-  await createTaskInNewContext(
-    db.pool,
-    sealer,
-    { id, contextId: id, owner: ANONYMOUS, agent: 'echo', answerLevel: 'full', history: [], metadata: {} },
-    insertRunStatement(sealer, { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', taskId: id, request: { text: 'hi' } }),
-  );
+  await createTasksInNewContexts(db.pool, sealer, [
+    {
+      task: { id, contextId: id, owner: ANONYMOUS, agent: 'echo', answerLevel: 'full', history: [], metadata: {} },
+      run: { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', taskId: id, request: { text: 'hi' } },
+      fast: null,
+    },
+  ]);
   return id;
 }
 

@@ -1,0 +1,115 @@
+import { isConnectionError } from './pool.js';
+
+// Group commit (docs/decisions/0026-group-commit.md): the writes of concurrent requests that are
+// ready at the same moment go to the database together, as one batch (one statement or one
+// transaction, as the batch's writer decides), so N tasks pay one round trip and one WAL flush
+// instead of N. There is no timer: a lone item is written at once (on the next turn of the event
+// loop, which only gathers what arrived in the same turn), and items arriving while a batch is in
+// flight form the next batch, flushed as soon as the previous one returns. A batch whose writer
+// fails with an error of its own (not a lost connection) is written again item by item, so one bad
+// item fails alone and every other item of its batch is written.
+
+export type BatchWriter<I, R> = {
+  /** Writes all items together; the results are in the items' order. */
+  writeBatch: (items: readonly I[]) => Promise<readonly R[]>;
+  /** Writes one item alone: a batch of one, and the retry of an item of a batch that failed. */
+  writeOne: (item: I) => Promise<R>;
+  /** At most this many items per batch (a bound on statement size and transaction length). */
+  maxBatch: number;
+  /**
+   * How many batches may be in flight at once, each on its own connection (1: one at a time).
+   * Items wait only while every lane is busy, so a lone item is still written at once.
+   */
+  lanes?: number;
+  /** Called once per flushed batch with its size (metrics). */
+  onBatch?: (size: number) => void;
+  /** Each item of a batch that rolled back, before it is written again alone (to give back what the attempt took). */
+  rolledBack?: (item: I) => void;
+};
+
+type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void };
+
+export class GroupCommit<I, R> {
+  private queue: Pending<I, R>[] = [];
+  private inFlight = 0;
+  private scheduled = false;
+  private readonly lanes: number;
+
+  constructor(private readonly writer: BatchWriter<I, R>) {
+    this.lanes = Math.max(1, writer.lanes ?? 1);
+  }
+
+  /** Writes the item with whatever else is ready; resolves once its batch (or its own retry) committed. */
+  submit(item: I): Promise<R> {
+    return new Promise<R>((resolve, reject) => {
+      this.queue.push({ item, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  /** How many items wait for a batch in flight to return. */
+  get waiting(): number {
+    return this.queue.length;
+  }
+
+  private schedule(): void {
+    if (this.inFlight >= this.lanes || this.scheduled) return;
+    this.scheduled = true;
+    // Not a timer: the items that arrived in this turn of the event loop go together.
+    setImmediate(() => {
+      this.scheduled = false;
+      this.flush();
+    });
+  }
+
+  /** Starts a batch on every free lane; each lane takes the next batch as soon as its own returns. */
+  private flush(): void {
+    while (this.inFlight < this.lanes && this.queue.length > 0) {
+      this.inFlight += 1;
+      void this.lane().finally(() => {
+        this.inFlight -= 1;
+        if (this.queue.length > 0) this.schedule();
+      });
+    }
+  }
+
+  private async lane(): Promise<void> {
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.writer.maxBatch);
+      this.writer.onBatch?.(batch.length);
+      await this.write(batch);
+    }
+  }
+
+  private async write(batch: Pending<I, R>[]): Promise<void> {
+    if (batch.length === 1) {
+      const [only] = batch;
+      await this.writer.writeOne(only!.item).then(only!.resolve, only!.reject);
+      return;
+    }
+    let results: readonly R[];
+    try {
+      results = await this.writer.writeBatch(batch.map((pending) => pending.item));
+    } catch (error) {
+      // A lost connection leaves the batch's outcome unknown: writing its items again could write
+      // them twice, so each caller gets the error, as it would have alone.
+      if (isConnectionError(error)) {
+        for (const pending of batch) {
+          this.writer.rolledBack?.(pending.item);
+          pending.reject(error);
+        }
+        return;
+      }
+      // The batch rolled back as a whole: each item again on its own, so only the bad one fails.
+      for (const pending of batch) this.writer.rolledBack?.(pending.item);
+      await Promise.all(batch.map((pending) => this.writer.writeOne(pending.item).then(pending.resolve, pending.reject)));
+      return;
+    }
+    if (results.length !== batch.length) {
+      const error = new Error(`group commit: the batch writer returned ${results.length} results for ${batch.length} items`);
+      for (const pending of batch) pending.reject(error);
+      return;
+    }
+    batch.forEach((pending, index) => pending.resolve(results[index]!));
+  }
+}

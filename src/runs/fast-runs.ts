@@ -1,0 +1,36 @@
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import type { Claim } from './run-repository.js';
+import type { RunRequest } from './run-request.js';
+
+// The fast path (docs/decisions/0025-fast-path.md): a new task received by a process that runs
+// workers and has a free run slot is run by that process. The API side reserves a slot before it
+// writes the task, inserts the run already claimed under the slot's claim, and starts it once the
+// insert committed; no queue job is added. The executor (workers/run-executor.ts) implements it.
+
+/** The run as the fast path inserted it, with its request in the clear (it was sealed for the row, not read back). */
+export type FastRun = {
+  id: string;
+  agent: string;
+  taskId: string;
+  auditLevel: PrivacyLevel;
+  answerLevel: PrivacyLevel;
+  provider: string | null;
+  request: RunRequest;
+  /** When it was created and started (`runs.started_at = runs.created_at`). */
+  at: number;
+};
+
+/** A run slot held for a task about to be created; exactly one of `start` or `cancel` must follow. */
+export type FastRunSlot = {
+  /** The claim the run is inserted under: this process's worker id and lease. */
+  claim: Claim;
+  /** The run's insert committed: run it here. */
+  start: (run: FastRun) => void;
+  /** The insert failed or was not made: the slot is free again. */
+  cancel: () => void;
+};
+
+export type FastRuns = {
+  /** A free run slot of this process, or null (none free, draining): the task then takes the queue. */
+  reserve: () => FastRunSlot | null;
+};

@@ -1,0 +1,228 @@
+import { sql, type CommonQueryMethods } from 'slonik';
+import { z } from 'zod';
+import { runMachine } from '../../machines/run.machine.js';
+import { allowedFrom } from '../../machines/transitions.js';
+import type { KeelLogger } from '../log/logger.js';
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
+import type { Artifact, Message, TaskState } from '../protocol/wire.js';
+import { TRUNCATING_REASONS } from '../../machines/run.machine.js';
+import { runRow } from '../runs/run-row.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { completeRunWithin, type CompletionInput, type CompletionResult } from './complete-run.js';
+import { JOURNAL_CHANNEL } from './journal.js';
+import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, journalRows, recordEventDeliveries, type JournalRow } from './journal-writer.js';
+import { prepareTaskResult } from './task-repository.js';
+
+// The completions of runs that end together, written by one statement in one transaction (group
+// commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the
+// batch (in run id order, so two batches never wait on each other crosswise), one statement writes
+// every result, settle, journal row, watermark and NOTIFY. The writes are the ones completeRun
+// makes for each run on its own (the same result sealing, the same journal events through
+// journal-writer.ts, the same delivery ids), with the transaction's clock read once: every settle
+// of the batch is stamped with the transaction's now(), as each would be in its own. A run that
+// needs more than the common path (no task, stored outputs to merge, a ceiling that keeps no
+// result, a run no longer held) is completed by completeRunWithin in the same transaction.
+
+const lockedRow = z.object({
+  run_id: z.string(),
+  status: z.string(),
+  claimed_by: z.string().nullable(),
+  answer_level: z.string(),
+  revision: z.number(),
+  task_id: z.string().nullable(),
+  started_at: z.number().nullable(),
+  context_id: z.string(),
+  owner: z.string(),
+  agent: z.string(),
+  metadata: z.record(z.unknown()),
+  task_created_at: z.number(),
+  history: z.instanceof(Buffer).nullable(),
+  projected_revision: z.number(),
+  last_sequence: z.number(),
+  projected_state: z.string(),
+  tx_now: z.number(),
+});
+type LockedRow = z.infer<typeof lockedRow>;
+
+const settledRow = runRow.extend({ push_configs: z.array(z.string()), results: z.number(), events: z.number(), notified: z.number() });
+
+const COMPLETE_FROM = sql.array(allowedFrom(runMachine, 'COMPLETE'), 'text');
+
+/** Whether a completion can take the batch's common path: it holds its run, the run serves a task, nothing stored to merge, a result may be kept. */
+function commonPath(input: CompletionInput, row: LockedRow | undefined): row is LockedRow {
+  return (
+    row !== undefined &&
+    input.taskId !== null &&
+    row.task_id === input.taskId &&
+    !input.hasOutputs &&
+    row.status === 'running' &&
+    row.claimed_by === input.workerId &&
+    answerIsRetainable(row.answer_level as PrivacyLevel)
+  );
+}
+
+type Prepared = {
+  input: CompletionInput;
+  row: LockedRow;
+  stored: ReturnType<typeof prepareTaskResult>;
+  directMessage: boolean;
+  revision: number;
+  events: ReturnType<typeof journalEventsSince>;
+  journal: ReturnType<typeof journalRows>;
+  audit: ReturnType<NonNullable<CompletionInput['takeAuditInsert']>> | null;
+};
+
+export async function completeRunsTogether(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, inputs: readonly CompletionInput[]): Promise<CompletionResult[]> {
+  const ids = [...new Set(inputs.map((input) => input.runId))];
+  const locked = await transaction.any(sql.type(lockedRow)`
+    SELECT r.id AS run_id, r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at,
+      t.context_id, t.owner, t.agent, t.metadata, t.created_at AS task_created_at, t.history,
+      t.projected_revision, t.last_sequence, t.projected_state, now() AS tx_now
+    FROM runs r JOIN a2a_tasks t ON t.id = r.task_id
+    WHERE r.id = ANY(${sql.array(ids, 'uuid')})
+    ORDER BY r.id
+    FOR UPDATE OF r, t`);
+  const byRun = new Map(locked.map((row) => [row.run_id, row]));
+
+  const results: Array<CompletionResult | null> = inputs.map(() => null);
+  const prepared: Array<Prepared & { index: number }> = [];
+  for (const [index, input] of inputs.entries()) {
+    const row = byRun.get(input.runId);
+    if (!commonPath(input, row) || ids.length !== inputs.length) continue;
+    const level = row.answer_level as PrivacyLevel;
+    const audit = input.takeAuditInsert?.() ?? null;
+    await input.beforeSettle?.(transaction);
+    const taskId = row.task_id!;
+    const presentation = input.presentation ?? 'artifact';
+    const artifacts: Artifact[] = presentation === 'artifact' && input.answer !== null ? [{ artifactId: `${taskId}-answer`, name: 'answer', parts: [{ text: input.answer }] }] : [];
+    const statusMessage: Message | null =
+      presentation !== 'artifact' && input.answer !== null
+        ? { messageId: `${taskId}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: row.context_id, taskId }
+        : null;
+    const directMessage = presentation === 'direct_message';
+    const stored = prepareTaskResult(sealer, taskId, level, { artifacts, statusMessage, directMessage }, row.history);
+    const revision = row.revision + 1;
+    const head = {
+      taskId,
+      contextId: row.context_id,
+      projectedRevision: row.projected_revision,
+      lastSequence: row.last_sequence,
+      projectedState: row.projected_state as TaskState,
+      directMessage,
+      statusMessage: () => stored.statusMessage,
+      artifacts: () => stored.artifacts,
+    };
+    const run = { runId: input.runId, status: 'completed' as const, revision, startedAt: row.started_at, statusChangedAt: row.tx_now, terminationReason: input.reason, failureDetail: null };
+    const events = journalEventsSince(head, run, []);
+    prepared.push({ index, input, row, stored, directMessage, revision, events, journal: journalRows(sealer, head, run, events), audit });
+  }
+
+  if (prepared.length > 0) {
+    const written = await writeCommonCompletions(transaction, prepared);
+    for (const item of prepared) {
+      const settled = written.get(item.input.runId);
+      if (!settled) throw new Error(`completion of run ${item.input.runId}: the batch did not settle it`);
+      const { push_configs: configs, results: _results, events: _events, notified: _notified, ...run } = settled;
+      const taskId = item.row.task_id!;
+      const options = item.input.projection ?? DEFAULT_PROJECTION_OPTIONS;
+      const deliveryIds = await recordEventDeliveries(transaction, { taskId, lastSequence: item.row.last_sequence }, item.events, configs, options);
+      const notice = item.journal.notice === null ? null : { taskId, lastSequence: item.journal.lastSequence, ends: item.journal.ends };
+      results[item.index] = {
+        settled: true,
+        run,
+        journaled: {
+          write: { events: item.events.length, revision: item.revision, deliveryIds, notice, state: 'TASK_STATE_COMPLETED', statusTimestamp: item.row.tx_now, lastSequence: item.journal.lastSequence },
+          task: {
+            id: taskId,
+            context_id: item.row.context_id,
+            owner: item.row.owner,
+            agent: item.row.agent,
+            run_id: item.input.runId,
+            state: 'TASK_STATE_COMPLETED',
+            status_timestamp: item.row.tx_now,
+            status_message: item.stored.sealed.statusMessage,
+            artifacts: item.stored.sealed.artifacts,
+            history: item.stored.sealed.history,
+            answer_level: item.row.answer_level,
+            metadata: item.row.metadata,
+            projected_revision: item.revision,
+            last_sequence: item.journal.lastSequence,
+            projected_state: 'TASK_STATE_COMPLETED',
+            direct_message: item.directMessage,
+            created_at: item.row.task_created_at,
+            termination_reason: run.termination_reason,
+            failure_detail: run.failure_detail,
+          },
+        },
+      };
+    }
+  }
+
+  // Everything else, one by one in the same transaction, exactly as alone.
+  for (const [index, input] of inputs.entries()) {
+    if (results[index] === null) results[index] = await completeRunWithin(transaction, sealer, logger, input);
+  }
+  return results as CompletionResult[];
+}
+
+/** One statement: the batch's audit rows, results with watermarks, settles, journal rows and NOTIFYs; the settled runs with their tasks' push configs. */
+async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
+  const audits = items.flatMap((item, index) => (item.audit ? [sql.fragment`${sql.identifier([`audit_${index}`])} AS (${item.audit})`] : []));
+  const results = items.map(({ row, stored, directMessage, revision, journal }) => {
+    const { sealed } = stored;
+    return sql.fragment`(${row.task_id!}::uuid, ${sealed.artifacts === null ? null : sql.binary(sealed.artifacts)}::bytea,
+      ${sealed.statusMessage === null ? null : sql.binary(sealed.statusMessage)}::bytea, ${stored.historyChanged}::boolean,
+      ${sealed.history === null ? null : sql.binary(sealed.history)}::bytea, ${directMessage}::boolean, ${row.answer_level}::text,
+      ${revision}::int8, ${journal.lastSequence}::int4)`;
+  });
+  const settles = items.map(({ input }) => {
+    const { totals } = input;
+    return sql.fragment`(${input.runId}::uuid, ${input.workerId}::text, ${input.reason}::text, ${TRUNCATING_REASONS.includes(input.reason)}::boolean,
+      ${totals.iterations}::int4, ${totals.toolCalls}::int4, ${totals.inputTokens}::int8, ${totals.outputTokens}::int8)`;
+  });
+  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
+  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
+  const rows = await transaction.any(sql.type(settledRow)`
+    WITH ${audits.length > 0 ? sql.fragment`${sql.join(audits, sql.fragment`, `)},` : sql.fragment``}
+    results AS (
+      UPDATE a2a_tasks t SET artifacts = v.artifacts, status_message = v.status_message,
+        history = CASE WHEN v.history_changed THEN v.history ELSE t.history END,
+        direct_message = v.direct_message, answer_level = v.answer_level,
+        projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED', updated_at = now()
+      FROM (VALUES ${sql.join(results, sql.fragment`, `)})
+        AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
+      WHERE t.id = v.id
+      RETURNING t.id),
+    settled AS (
+      UPDATE runs r SET status = 'completed', termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
+        claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
+        queued_request = NULL, suspended_state = NULL,
+        settled_at = now(), revision = r.revision + 1, updated_at = now(),
+        iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
+      FROM (VALUES ${sql.join(settles, sql.fragment`, `)})
+        AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens)
+      WHERE r.id = v.id AND r.status = ANY(${COMPLETE_FROM}) AND r.claimed_by = v.worker
+      RETURNING r.*),
+    journal AS (
+      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
+      FROM ${sql.unnest(
+        journal.map((row) => [...row]),
+        ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'],
+      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      RETURNING 1),
+    counts AS (
+      SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,
+        (SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice)) FROM unnest(${sql.array(notices, 'text')}) AS notice)::int AS notified)
+    SELECT s.*, c.results, c.events, c.notified,
+      ARRAY(SELECT p.id FROM push_configs p WHERE p.task_id = s.task_id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused') ORDER BY p.id) AS push_configs
+    FROM settled s CROSS JOIN counts c`);
+  const first = rows[0];
+  if (rows.length !== items.length || !first || first.results !== items.length || first.events !== journal.length || first.notified !== notices.length) {
+    throw new Error(
+      `batched completion wrote ${first?.results ?? 0} of ${items.length} results, settled ${rows.length}, journaled ${first?.events ?? 0} of ${journal.length} events`,
+    );
+  }
+  return new Map(rows.map((row) => [row.id, row]));
+}

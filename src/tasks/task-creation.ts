@@ -1,0 +1,137 @@
+import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
+import { z } from 'zod';
+import type { Sealer } from '../sealing/sealer.js';
+import { GroupCommit } from '../db/group-commit.js';
+import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
+import { insertRunsStatement, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
+import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
+import { journalEventsSince, writeJournalEvents, type CommittedRun, type JournalEventDraft, type JournalHead, type ProjectionOptions } from './journal-writer.js';
+import { insertTasksStatement, taskValues, type NewTask } from './task-repository.js';
+
+// A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
+// fast path) and the task row, with the task's WORKING event for a fast run. The creations of
+// concurrent requests are written together, one statement for all of them (group commit,
+// docs/decisions/0026-group-commit.md).
+
+export type TaskCreation = {
+  task: NewTask;
+  run: CreateRunInput & { id: string };
+  /** The fast path (docs/decisions/0025-fast-path.md): this process claims the run at insert and runs it. */
+  fast: FastStart | null;
+};
+
+/** The journal's head of a task just inserted: nothing journaled, SUBMITTED. */
+function freshHead(taskId: string, contextId: string): JournalHead {
+  return {
+    taskId,
+    contextId,
+    projectedRevision: INSERTED_REVISION,
+    lastSequence: 0,
+    projectedState: 'TASK_STATE_SUBMITTED',
+    directMessage: false,
+    statusMessage: () => null,
+    artifacts: () => [],
+  };
+}
+
+/** A fast run as its insert left it: RUNNING since `at`, at the claim's revision. */
+function claimedAtInsert(runId: string, at: number): CommittedRun {
+  return { runId, status: 'running', revision: FIRST_CLAIM_REVISION, startedAt: at, statusChangedAt: at, terminationReason: null, failureDetail: null };
+}
+
+/**
+ * The WORKING event that opens a fast run's journal: what the projector would write for the
+ * claim (journalEventsSince, from a fresh task to a run RUNNING since `at`).
+ */
+export function startedEvent(taskId: string, contextId: string, at: number): JournalEventDraft {
+  const [event] = journalEventsSince(freshHead(taskId, contextId), claimedAtInsert(taskId, at), []);
+  return event!;
+}
+
+/**
+ * Journals a fast run's WORKING event in the transaction that inserted its task (with its
+ * context's earlier turns or a push config: not a batched creation), through the journal's
+ * writer, so a push config created in that transaction gets its delivery. Returns the deliveries.
+ */
+export async function journalFastStart(
+  transaction: CommonQueryMethods,
+  sealer: Sealer,
+  task: { id: string; contextId: string },
+  at: number,
+  options: ProjectionOptions,
+): Promise<string[]> {
+  const head = freshHead(task.id, task.contextId);
+  const run = claimedAtInsert(task.id, at);
+  const written = await writeJournalEvents(transaction, sealer, head, run, journalEventsSince(head, run, []), options);
+  return written.deliveryIds;
+}
+
+const created = z.object({ tasks: z.number(), events: z.number(), notified: z.number() });
+
+/**
+ * Writes the creations in one statement (one round trip, atomic on its own). Foreign keys are
+ * checked at the end of the statement, when contexts, runs, tasks and events all exist. A fast
+ * run's task is written WORKING with its journal's first event and the watermark past the claim, and
+ * the statement NOTIFYs that event, as the projector would have after a separate claim.
+ */
+export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
+  const fast = creations.filter((creation) => creation.fast !== null);
+  const events = fast.map(({ task, fast: start }) => {
+    const event = startedEvent(task.id, task.contextId, start!.at);
+    const payload = sql.binary(sealer.sealJson(eventContext(task.id, 1), event.response));
+    return sql.fragment`(${task.id}::uuid, 1, ${task.id}::uuid, ${FIRST_CLAIM_REVISION}, 0, ${event.kind}, ${event.state}, ${payload})`;
+  });
+  const notices = fast.map(({ task }) => journalNotice(task.id, 1, false));
+  const result = await db.one(sql.type(created)`
+    WITH new_contexts AS (
+      INSERT INTO contexts (owner, id) VALUES ${sql.join(
+        creations.map(({ task }) => sql.fragment`(${task.owner}, ${task.contextId})`),
+        sql.fragment`, `,
+      )} RETURNING id),
+    new_runs AS (${insertRunsStatement(creations.map((creation) => runValues(sealer, creation.run, creation.fast)))} RETURNING id),
+    new_tasks AS (${insertTasksStatement(creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: 1 } })))} RETURNING id)
+    ${
+      events.length > 0
+        ? sql.fragment`, new_events AS (
+      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      VALUES ${sql.join(events, sql.fragment`, `)} RETURNING task_id)`
+        : sql.fragment``
+    }
+    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks,
+      ${events.length > 0 ? sql.fragment`(SELECT count(*) FROM new_events)::int` : sql.fragment`0`} AS events,
+      ${
+        notices.length > 0
+          ? sql.fragment`(SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice)) FROM unnest(${sql.array(notices, 'text')}) AS notice)::int`
+          : sql.fragment`0`
+      } AS notified`);
+  if (result.tasks !== creations.length || result.events !== fast.length) {
+    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks and ${result.events} of ${fast.length} events`);
+  }
+}
+
+/**
+ * The creations of concurrent requests, written together: a request waits at most for the batch
+ * in flight to return, then goes with everything that arrived meanwhile. One creation that
+ * fails in a batch is retried alone and fails alone.
+ */
+export class TaskCreations {
+  private readonly group: GroupCommit<TaskCreation, void>;
+
+  constructor(pool: DatabasePool, sealer: Sealer, options: { maxBatch: number; lanes?: number; onBatch?: (size: number) => void }) {
+    const write = (creations: readonly TaskCreation[]) => createTasksInNewContexts(pool, sealer, creations);
+    this.group = new GroupCommit({
+      writeBatch: async (creations) => {
+        await write(creations);
+        return creations.map(() => undefined);
+      },
+      writeOne: (creation) => write([creation]),
+      maxBatch: options.maxBatch,
+      ...(options.lanes ? { lanes: options.lanes } : {}),
+      ...(options.onBatch ? { onBatch: options.onBatch } : {}),
+    });
+  }
+
+  create(creation: TaskCreation): Promise<void> {
+    return this.group.submit(creation);
+  }
+}

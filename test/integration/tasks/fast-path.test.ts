@@ -1,0 +1,203 @@
+import { sql } from 'slonik';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { runJobId } from '../../../src/queue/job-ids.js';
+import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
+import { recordStatements, type StatementLog } from '../../support/statement-log.js';
+import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-key.js';
+import { createEmptyDatabase } from '../../support/test-database.js';
+import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
+import { testQueuePrefix } from '../../support/test-queues.js';
+import { waitFor } from '../../support/wait-for.js';
+import { journalOf, newClientToken, PUSH_TEST_OVERRIDES, startReceiver, waitForSettled, type Receiver } from '../push/push-support.js';
+
+// The fast path (docs/decisions/0025-fast-path.md): a new task received by a process that runs
+// workers and has a free run slot is run by that process. Its run is inserted already claimed
+// (RUNNING, lease set, `started_at = created_at`), its task WORKING with its first journal event,
+// in the statement that creates them, and no queue job is added. Every other case keeps the queue:
+// no free slot, the fast path turned off. What clients see is the same either way.
+
+// claimQueuedRun (src/runs/run-repository.ts) as sent: the claim a queued run needs.
+const CLAIM = /UPDATE runs SET status = \$\d+, claimed_by = \$\d+,/;
+
+const providers = {
+  echo: { type: 'echo' },
+  slow: { type: 'scripted', steps: [{ reply: 'slow done', delayMs: 1500 }] },
+};
+const agents = [
+  { id: 'echo', name: 'Echo', provider: 'echo' },
+  { id: 'slow', name: 'Slow', provider: 'slow' },
+];
+const overrides = { ...PUSH_TEST_OVERRIDES, KEEL_PROVIDERS: providers, KEEL_AGENTS: agents };
+
+const runTimes = z.object({ status: z.string(), created_at: z.number(), started_at: z.number().nullable(), requeue_count: z.number(), revision: z.number() });
+const runOf = (keel: TestKeel, id: string) => keel.context.pool.one(sql.type(runTimes)`SELECT status, created_at, started_at, requeue_count, revision FROM runs WHERE id = ${id}`);
+
+let counter = 0;
+const message = (text: string, extra: Record<string, unknown> = {}) => {
+  counter += 1;
+  return { messageId: `fast-${counter}-${Date.now()}`, role: 'ROLE_USER', parts: [{ text }], ...extra };
+};
+const send = async (keel: TestKeel, token: string, agent: string, text: string, configuration: Record<string, unknown> = {}, extra: Record<string, unknown> = {}) =>
+  expectA2AResult('JSONRPC', await callA2A(keel.url, agent, 'JSONRPC', 'SendMessage', { message: message(text, extra), configuration }, { token }));
+
+/** The journal as a client sees it, without ids and times: kinds, states and texts in order. */
+async function journalShape(keel: TestKeel, taskId: string): Promise<string[]> {
+  const events = await journalOf(keel.context.pool, keel.context.sealer, taskId);
+  return events.map((event) => {
+    const response = event.response as Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+    if (response.statusUpdate) return `status ${response.statusUpdate.status.state}`;
+    if (response.artifactUpdate) return `artifact ${response.artifactUpdate.artifact.parts.map((part: { text?: string }) => part.text ?? '').join('')}`;
+    return 'message';
+  });
+}
+
+let log: StatementLog;
+beforeAll(() => {
+  log = recordStatements();
+});
+afterAll(() => log?.stop());
+
+describe('a process with workers and a free run slot', () => {
+  let fast: TestKeel;
+  let fastToken = '';
+  beforeAll(async () => {
+    // No sweep during the test: the statement log counts every commit of this test process.
+    fast = await startTestKeel({ overrides: { ...overrides, KEEL_MAINTENANCE_SWEEP_SECONDS: '600' } });
+    fastToken = await newClientToken(fast.context.pool);
+  });
+  afterAll(async () => fast?.dispose());
+
+  it('runs a new task itself: inserted claimed with its WORKING event, no claim and no queue job, two commits', async () => {
+    await send(fast, fastToken, 'echo', 'warm up');
+    const from = log.entries.length;
+    const answer = await send(fast, fastToken, 'echo', 'hello fast');
+    const commits = log.commitsSince(from);
+    const sent = log.since(from).map((entry) => entry.text.slice(0, 60));
+    const taskId = answer.task.id as string;
+    expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
+    expect(answer.task.artifacts[0].parts[0].text).toBe('echo: hello fast');
+    const run = await runOf(fast, taskId);
+    expect(run).toMatchObject({ status: 'completed', requeue_count: 0 });
+    expect(run.started_at, 'created and started by the same statement').toBe(run.created_at);
+    expect(log.since(from, CLAIM), 'a separate claim of the run').toEqual([]);
+    // Creation (with the claim and the WORKING event) and completion (with the end's events): two
+    // transactions. On the Postgres queue BullMQ's own polling commits too, so only on Redis.
+    if (process.env.KEEL_TEST_QUEUE === 'redis') {
+      expect(commits, sent.join('\n')).toBeLessThanOrEqual(2);
+    }
+  });
+
+  it('while the fast run is in flight it holds its lease, and the queue has no job for it', async () => {
+    const answer = await send(fast, fastToken, 'slow', 'take your time', { returnImmediately: true });
+    const taskId = answer.task.id as string;
+    expect(answer.task.status.state, 'the answer shows what the creation committed').toBe('TASK_STATE_WORKING');
+    const lease = await fast.context.pool.one(sql.type(z.object({ claimed_by: z.string().nullable(), leased: z.boolean() }))`
+      SELECT claimed_by, lease_expires_at > now() AS leased FROM runs WHERE id = ${taskId}`);
+    expect(lease).toEqual({ claimed_by: fast.context.workerId, leased: true });
+    expect(await fast.context.queues.queue('runs').getJob(runJobId(taskId))).toBeFalsy();
+    await waitFor(async () => (await runOf(fast, taskId)).status === 'completed', 'the slow run completed', 20_000);
+  });
+
+  it('shows clients the same journal as a queued run of the same message', async () => {
+    const queued = await startTestKeel({ overrides: { ...overrides, KEEL_RUNS_FAST_PATH: 'false' } });
+    try {
+      const queuedToken = await newClientToken(queued.context.pool);
+      const viaFast = await send(fast, fastToken, 'echo', 'same story');
+      const viaQueue = await send(queued, queuedToken, 'echo', 'same story');
+      const queuedRun = await runOf(queued, viaQueue.task.id);
+      expect(queuedRun.started_at!, 'the fast path is off: the run was claimed after its creation').toBeGreaterThan(queuedRun.created_at);
+      expect(await journalShape(fast, viaFast.task.id)).toEqual(await journalShape(queued, viaQueue.task.id));
+      expect(await journalShape(fast, viaFast.task.id)).toEqual(['status TASK_STATE_WORKING', 'artifact echo: same story', 'status TASK_STATE_COMPLETED']);
+    } finally {
+      await queued.dispose();
+    }
+  });
+
+  it('a new task in a known context with a push config: run here, and its WORKING event is pushed', async () => {
+    const receiver: Receiver = await startReceiver();
+    try {
+      const first = await send(fast, fastToken, 'echo', 'first turn');
+      const contextId = first.task.contextId as string;
+      const answer = await send(fast, fastToken, 'echo', 'second turn', { taskPushNotificationConfig: { id: 'hook', url: receiver.url, token: 'secret-token' } }, { contextId });
+      const taskId = answer.task.id as string;
+      expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
+      const run = await runOf(fast, taskId);
+      expect(run.started_at).toBe(run.created_at);
+      const deliveries = await waitForSettled(fast.context.pool, taskId, 'hook');
+      expect(deliveries.map((delivery) => [delivery.event_sequence, delivery.state])).toEqual([
+        [1, 'delivered'],
+        [2, 'delivered'],
+        [3, 'delivered'],
+      ]);
+      const states = receiver.requests
+        .filter((request) => request.body.statusUpdate?.taskId === taskId)
+        .map((request) => request.body.statusUpdate.status.state);
+      expect(states).toEqual(['TASK_STATE_WORKING', 'TASK_STATE_COMPLETED']);
+    } finally {
+      await receiver.close();
+    }
+  });
+});
+
+describe('no free run slot', () => {
+  let keel: TestKeel;
+  let token = '';
+  beforeAll(async () => {
+    // Two run slots: one for fast runs, one kept for the queue.
+    keel = await startTestKeel({ overrides: { ...overrides, KEEL_RUNS_CONCURRENCY: '2' } });
+    token = await newClientToken(keel.context.pool);
+  });
+  afterAll(async () => keel?.dispose());
+
+  it('the task takes the queue and still completes', async () => {
+    const first = await send(keel, token, 'slow', 'one', { returnImmediately: true });
+    const second = await send(keel, token, 'slow', 'two', { returnImmediately: true });
+    expect(second.task.status.state, 'created QUEUED: the only fast slot is taken').toBe('TASK_STATE_SUBMITTED');
+    await waitFor(async () => (await runOf(keel, second.task.id)).status === 'completed' && (await runOf(keel, first.task.id)).status === 'completed', 'both runs completed', 30_000);
+    const [fastRun, queuedRun] = await Promise.all([runOf(keel, first.task.id), runOf(keel, second.task.id)]);
+    expect(fastRun.started_at).toBe(fastRun.created_at);
+    expect(queuedRun.started_at!).toBeGreaterThan(queuedRun.created_at);
+  });
+});
+
+describe('runs waiting in the queue', () => {
+  let api: TestKeel;
+  let all: TestKeel;
+  let token = '';
+  let drop: () => Promise<void> = async () => undefined;
+  beforeAll(async () => {
+    const database = await createEmptyDatabase();
+    drop = () => database.drop();
+    const env = { KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()), KEEL_QUEUE_PREFIX: testQueuePrefix() };
+    // Two run slots on the process with workers: one fast slot, the queue's share the rest.
+    api = await startTestKeel({ databaseUrl: database.url, env, overrides, start: { role: 'api' } });
+    all = await startTestKeel({ databaseUrl: database.url, env, overrides: { ...overrides, KEEL_RUNS_CONCURRENCY: '2' } });
+    token = await newClientToken(api.context.pool);
+  });
+  afterAll(async () => {
+    await all?.dispose();
+    await api?.dispose();
+    await drop();
+  });
+
+  it('keep new tasks off the fast path until the queue is drained: they queue behind them', async () => {
+    // Received by the API-only process: queued. The worker takes two, the third waits.
+    const queued: Array<Awaited<ReturnType<typeof send>>> = [];
+    for (const text of ['q1', 'q2', 'q3']) queued.push(await send(api, token, 'slow', text, { returnImmediately: true }));
+    await waitFor(async () => (await Promise.all(queued.map((answer) => runOf(all, answer.task.id)))).filter((run) => run.status === 'running').length === 2, 'two queued runs running', 20_000);
+    // A fast slot is free, but runs wait in the queue: the new task goes behind them.
+    const late = await send(all, token, 'slow', 'late', { returnImmediately: true });
+    expect(late.task.status.state, 'queued, not run at once').toBe('TASK_STATE_SUBMITTED');
+    await waitFor(async () => (await runOf(all, late.task.id)).status === 'completed', 'the late task completed', 30_000);
+    const [third, lateRun] = await Promise.all([runOf(all, queued[2]!.task.id), runOf(all, late.task.id)]);
+    expect(lateRun.started_at!).toBeGreaterThan(lateRun.created_at);
+    expect(lateRun.started_at!, 'the run that waited first started first').toBeGreaterThanOrEqual(third.started_at!);
+    // Once the queue is drained, new tasks take the fast path again.
+    await waitFor(async () => {
+      const answer = await send(all, token, 'echo', 'fast again');
+      const run = await runOf(all, answer.task.id);
+      return run.started_at === run.created_at;
+    }, 'a new task on the fast path after the queue drained', 20_000);
+  });
+});

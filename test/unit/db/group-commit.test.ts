@@ -1,0 +1,76 @@
+import { describe, expect, it } from 'vitest';
+import { GroupCommit } from '../../../src/db/group-commit.js';
+
+// Group commit's rules (docs/decisions/0026-group-commit.md), with a writer that records what it
+// was asked to write: a lone item is written at once and alone, items arriving while a batch is in
+// flight go together in the next one, a batch that fails is written again item by item so only the
+// bad item fails, and a lost connection (outcome unknown) is never written again.
+
+type Call = { kind: 'batch' | 'one'; items: number[] };
+
+function recordingWriter(options: { failBatchWith?: (items: readonly number[]) => Error | null; failOne?: (item: number) => Error | null; delayMs?: number } = {}) {
+  const calls: Call[] = [];
+  const rolledBack: number[] = [];
+  const wait = () => new Promise((resolve) => setTimeout(resolve, options.delayMs ?? 20));
+  const group = new GroupCommit<number, string>({
+    writeBatch: async (items) => {
+      calls.push({ kind: 'batch', items: [...items] });
+      await wait();
+      const error = options.failBatchWith?.(items);
+      if (error) throw error;
+      return items.map((item) => `batch:${item}`);
+    },
+    writeOne: async (item) => {
+      calls.push({ kind: 'one', items: [item] });
+      await wait();
+      const error = options.failOne?.(item);
+      if (error) throw error;
+      return `one:${item}`;
+    },
+    rolledBack: (item) => rolledBack.push(item),
+    maxBatch: 4,
+  });
+  return { group, calls, rolledBack };
+}
+
+describe('GroupCommit', () => {
+  it('writes a lone item at once, alone', async () => {
+    const { group, calls } = recordingWriter();
+    const started = Date.now();
+    expect(await group.submit(1)).toBe('one:1');
+    expect(calls).toEqual([{ kind: 'one', items: [1] }]);
+    // No timer: the only wait is the write's own (20 ms here).
+    expect(Date.now() - started).toBeLessThan(1000);
+  });
+
+  it('writes what arrives while a batch is in flight as the next batch, bounded by maxBatch', async () => {
+    const { group, calls } = recordingWriter();
+    const first = group.submit(1);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    const rest = [2, 3, 4, 5, 6, 7].map((item) => group.submit(item));
+    expect(await Promise.all([first, ...rest])).toEqual(['one:1', 'batch:2', 'batch:3', 'batch:4', 'batch:5', 'batch:6', 'batch:7']);
+    expect(calls).toEqual([
+      { kind: 'one', items: [1] },
+      { kind: 'batch', items: [2, 3, 4, 5] },
+      { kind: 'batch', items: [6, 7] },
+    ]);
+  });
+
+  it('a batch that fails is written again item by item: only the bad item fails', async () => {
+    const bad = new Error('duplicate key value violates unique constraint');
+    const { group, calls, rolledBack } = recordingWriter({ failBatchWith: (items) => (items.includes(3) ? bad : null), failOne: (item) => (item === 3 ? bad : null) });
+    const results = await Promise.allSettled([1, 2, 3, 4].map((item) => group.submit(item)));
+    expect(results.map((result) => (result.status === 'fulfilled' ? result.value : (result.reason as Error).message))).toEqual(['one:1', 'one:2', bad.message, 'one:4']);
+    expect(calls.filter((call) => call.kind === 'batch')).toEqual([{ kind: 'batch', items: [1, 2, 3, 4] }]);
+    expect(calls.filter((call) => call.kind === 'one').map((call) => call.items[0]).sort()).toEqual([1, 2, 3, 4]);
+    expect(rolledBack.sort()).toEqual([1, 2, 3, 4]);
+  });
+
+  it('a lost connection fails every item of its batch without writing any again (its outcome is unknown)', async () => {
+    const lost = Object.assign(new Error('Connection terminated unexpectedly'), { code: 'ECONNRESET' });
+    const { group, calls } = recordingWriter({ failBatchWith: () => lost });
+    const results = await Promise.allSettled([1, 2, 3].map((item) => group.submit(item)));
+    expect(results.every((result) => result.status === 'rejected')).toBe(true);
+    expect(calls).toEqual([{ kind: 'batch', items: [1, 2, 3] }]);
+  });
+});
