@@ -1,7 +1,7 @@
 import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
-import { inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
+import { handoffJobId, inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
 import { timeOutApprovals } from '../src/runs/approval-timeout.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, OPEN_RUN, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/context/keel-context.js';
@@ -26,9 +26,10 @@ const dueRow = z.object({ id: z.string(), requeue_count: z.number(), delay_ms: z
 
 export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 'logger'>): Promise<SweepReport> {
   const ids = await listQueuedRunIds(context.pool, SWEEP_BATCH);
-  if (ids.length === 0) return { queuedRuns: 0, restored: 0 };
-  // A delayed (requeued) run gets its job back with the remaining delay.
-  const rows = await context.pool.any(sql.type(dueRow)`
+  // A delayed (requeued) run gets its job back with the remaining delay. No QUEUED run does not end
+  // the sweep: the hand-offs below are looked at all the same (returning here left a lost hand-off
+  // wake-up to its 60 s lease and the reaper whenever nothing was queued, the usual case).
+  const rows = ids.length === 0 ? [] : await context.pool.any(sql.type(dueRow)`
     SELECT id, requeue_count, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
     FROM runs WHERE id = ANY(${sql.array(ids, 'uuid')}) AND status = 'queued'`);
   let restored = 0;
@@ -36,11 +37,12 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
     const outcome = await context.queues.ensureJob('runs', runJobId(row.id, row.requeue_count), { runId: row.id }, { delayMs: row.delay_ms });
     if (outcome === 'added') restored += 1;
   }
-  // A resume handed to a worker ('handoff:') is a debt too until a worker takes it.
-  const handoffs = await context.pool.anyFirst(sql.type(z.object({ id: z.string() }))`
-    SELECT id FROM runs WHERE ${OPEN_RUN} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
-  for (const id of handoffs) {
-    if ((await context.queues.ensureJob('runs', runJobId(id), { runId: id })) === 'added') restored += 1;
+  // A resume handed to a worker ('handoff:') is a debt too until a worker takes it, under the
+  // hand-off's own job id (a job under the run's usual id may be the suspended stretch's, finishing).
+  const handoffs = await context.pool.any(sql.type(z.object({ id: z.string(), revision: z.number() }))`
+    SELECT id, revision FROM runs WHERE ${OPEN_RUN} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
+  for (const { id, revision } of handoffs) {
+    if ((await context.queues.ensureJob('runs', handoffJobId(id, revision), { runId: id })) === 'added') restored += 1;
   }
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing run jobs');
   return { queuedRuns: rows.length, restored };

@@ -4,7 +4,7 @@ import type { CommonQueryMethods, DatabasePool } from 'slonik';
 import type { LoopState, PendingApproval, ResumeInput } from '../../machines/agent-loop.machine.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { enqueueRun } from './create-agent-run.js';
+import { handoffJobId } from '../queue/job-ids.js';
 import { claimForResume, getRun, HANDOFF_PREFIX, suspendedStateContext, type SuspendStatus } from './run-repository.js';
 import type { RunRow } from './run-row.js';
 
@@ -51,6 +51,15 @@ export type WithHandOff = (transaction: CommonQueryMethods, claimed: RunRow) => 
 
 type HandOffResult = { kind: 'claimed'; run: RunRow } | { kind: 'lost' } | { kind: 'declined' };
 
+/**
+ * The wake-up of a run handed to a worker, after the commit of its claim: under the hand-off's own
+ * id (job-ids.ts), which the sweeper also uses to restore it, never under the run's usual id that
+ * the job of the stretch that suspended may still hold.
+ */
+export async function enqueueHandOff(queues: KeelQueues, claimed: Pick<RunRow, 'id' | 'revision'>): Promise<void> {
+  await queues.addJob('runs', handoffJobId(claimed.id, claimed.revision), { runId: claimed.id });
+}
+
 /** Rolls the hand-off's transaction back when its companion writes decline it. */
 class HandOffDeclined extends Error {}
 
@@ -83,7 +92,7 @@ async function handOff(
   }
   if (!claimed) return { kind: 'lost' };
   // Enqueued after the commit: the worker finds the claim and everything written with it.
-  await enqueueRun(deps.queues, view.run.id);
+  await enqueueHandOff(deps.queues, claimed);
   return { kind: 'claimed', run: claimed };
 }
 

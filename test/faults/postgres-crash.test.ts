@@ -332,8 +332,10 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         const fast = await fastRunning();
         const shown = creating.map((stream) => Math.max(-1, ...stream.frames.map((frame) => frame.id ?? -1)));
         seen = { accepted: load.accepted(), held, fast, streamIds: shown };
-        // Besides the streams' runs, load runs in flight, fast ones among them.
-        return load.accepted() >= 100 && held >= STREAMS + 3 && fast >= STREAMS + 1 && shown.every((id) => id === 1) && creating.every((stream) => !stream.done());
+        // Besides the streams' runs (fast), load runs in flight; how many of those took the fast
+        // path depends on the moment (the fast path holds at most half the slots while runs wait in
+        // the queue), so the figures are recorded, not required.
+        return load.accepted() >= 100 && held >= STREAMS + 3 && fast >= STREAMS && shown.every((id) => id === 1) && creating.every((stream) => !stream.done());
       }, 60_000);
       expect(inFlight, `runs in flight, some fast, every stream showing WORKING; last seen ${JSON.stringify(seen)}`).toBe(true);
       faults.runsHeldAtCrash = await runsClaimedBy(pool, node);
