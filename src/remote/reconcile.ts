@@ -2,9 +2,8 @@ import { GetTaskRequest } from '@a2a-js/sdk';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import type { KeelContext } from '../context/keel-context.js';
-import { enqueueRun } from '../runs/create-agent-run.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
-import { HANDOFF_LEASE_MS } from '../runs/resume-run.js';
+import { enqueueHandOff, HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
 import { TaskNotFoundError } from '@a2a-js/sdk/errors';
 import {
@@ -203,6 +202,7 @@ async function resumeIfWaiting(context: Pick<KeelContext, 'pool' | 'sealer' | 'q
     run.revision,
     { sealer: context.sealer, state: { ...opened.value, resume: { kind: 'tool_result', toolCallId: dependency.tool_call_id, toolName: dependency.tool_name, content: result } } },
   );
-  if (claimed) await enqueueRun(context.queues, dependency.run_id);
+  // Under the hand-off's own job id: the job of the stretch that suspended may still hold the run's usual one.
+  if (claimed) await enqueueHandOff(context.queues, claimed);
   return claimed !== null;
 }
