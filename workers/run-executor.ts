@@ -66,6 +66,8 @@ export type ExecutorOptions = RetryPolicy & {
   concurrency?: number;
   /** Completions written together with other runs' (group commit); without it each has its own transaction. */
   completions?: CompletionBatch;
+  /** Told of every run this executor starts, and by which path (metrics). */
+  onRunStarted?: (path: 'fast' | 'queue') => void;
   /** The push outbox's bounds, for the deliveries a run's end writes with its journal rows. */
   projection?: ProjectionOptions;
 };
@@ -265,6 +267,7 @@ export function createRunExecutor(
       const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
+      options.onRunStarted?.('queue');
       return executeClaimed(run, slot, null);
     }).finally(() => (queuedInFlight -= 1));
   }
@@ -337,6 +340,7 @@ export function createRunExecutor(
               .finally(() => fastChanged(-1));
             return;
           }
+          options.onRunStarted?.('fast');
           void inSlot(run.id, (slot) => executeClaimed(insertedRow(run), slot, run.request))
             .catch((error: Error) => logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'))
             .finally(() => fastChanged(-1));

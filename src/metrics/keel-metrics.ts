@@ -19,7 +19,14 @@ import { QUEUE_NAMES } from '../queue/queue-names.js';
 // from BullMQ. HTTP request durations are observed in-process by an onResponse hook, labelled by
 // the registered route pattern (never the raw URL, so ids do not make new series).
 
-export type MetricsDeps = { pool: DatabasePool; queues: KeelQueues; logger: KeelLogger; token?: string | undefined };
+export type MetricsDeps = {
+  pool: DatabasePool;
+  queues: KeelQueues;
+  logger: KeelLogger;
+  token?: string | undefined;
+  /** Metrics the process counts as it runs (src/metrics/hot-path-metrics.ts), rendered with the rest. */
+  inProcess?: readonly Registry[];
+};
 
 /** Outcome classes of delivery attempts (push_attempts.outcome), docs/push.md "Outcome classes". */
 export const ATTEMPT_OUTCOMES = ['delivered', 'retry', 'paused', 'stopped', 'dead'] as const;
@@ -112,7 +119,8 @@ export class KeelMetrics {
   /** Reads everything the gauges show, then renders the registry. */
   async render(): Promise<string> {
     await Promise.all([this.readDatabase(), this.readQueues()]);
-    return this.registry.metrics();
+    const inProcess = this.deps.inProcess ?? [];
+    return inProcess.length === 0 ? this.registry.metrics() : Registry.merge([this.registry, ...inProcess]).metrics();
   }
 
   private async readDatabase(): Promise<void> {

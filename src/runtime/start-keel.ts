@@ -31,6 +31,7 @@ import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/task-projector.js';
 import { TaskCreations } from '../tasks/task-creation.js';
 import { CompletionBatch } from '../tasks/completion-batch.js';
+import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor } from '../push/delivery-options.js';
@@ -167,6 +168,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // Every open stream listens to this one signal (and removes its listener when it ends), so
   // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
   setMaxListeners(0, shutdown.signal);
+  const hotPath = new HotPathMetrics();
   let executor: ReturnType<typeof createRunExecutor> | null = null;
   let runsWorker: { close: () => Promise<void>; concurrency: number } | null = null;
   if (role !== 'api') {
@@ -185,7 +187,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         // (at least one, so follow-ups and requeued runs never wait for a stream of new tasks).
         fastSlots: role === 'all' && config.runs.fastPath ? Math.max(0, config.runs.concurrency - 1) : 0,
         concurrency: config.runs.concurrency,
-        completions: new CompletionBatch(database.pool, sealing.sealer, logger, { maxBatch: COMPLETION_BATCH, lanes: BATCH_LANES }),
+        completions: new CompletionBatch(database.pool, sealing.sealer, logger, {
+          maxBatch: COMPLETION_BATCH,
+          lanes: BATCH_LANES,
+          onBatch: (size) => hotPath.batch('completion', size),
+        }),
+        onRunStarted: (path) => hotPath.runStarted(path),
         onFastRuns: (inFlight) => {
           if (runsWorker) runsWorker.concurrency = Math.max(1, config.runs.concurrency - inFlight);
         },
@@ -225,7 +232,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, ui: role !== 'worker' });
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, ui: role !== 'worker', inProcessMetrics: [hotPath.registry] });
   let grpc: GrpcServer | null = null;
   if (role !== 'worker') {
     const service = new A2AService({
@@ -239,7 +246,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
-      creations: new TaskCreations(database.pool, sealing.sealer, { maxBatch: CREATION_BATCH, lanes: BATCH_LANES }),
+      creations: new TaskCreations(database.pool, sealing.sealer, { maxBatch: CREATION_BATCH, lanes: BATCH_LANES, onBatch: (size) => hotPath.batch('creation', size) }),
       fastRuns: executor?.fastRuns ?? null,
       projectionOptions,
       onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),

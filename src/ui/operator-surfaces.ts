@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import type { Registry } from 'prom-client';
 import type { DatabasePool } from 'slonik';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
@@ -18,10 +19,12 @@ export type OperatorSurfaceDeps = {
   logger: KeelLogger;
   /** Serve the web UI (false for `--role worker`, which serves /metrics only). */
   ui: boolean;
+  /** In-process metrics to render with /metrics (the hot path's). */
+  inProcessMetrics?: readonly Registry[];
 };
 
 export function registerOperatorSurfaces(http: FastifyInstance, deps: OperatorSurfaceDeps): void {
-  registerMetrics(http, { pool: deps.pool, queues: deps.queues, logger: deps.logger, token: deps.config.metrics.token });
+  registerMetrics(http, { pool: deps.pool, queues: deps.queues, logger: deps.logger, token: deps.config.metrics.token, inProcess: deps.inProcessMetrics ?? [] });
   if (deps.ui) {
     void http.register(async (scope) => operatorUiPlugin(scope, deps), { prefix: '/ui' });
   }

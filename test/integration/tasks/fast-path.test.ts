@@ -60,6 +60,13 @@ async function journalShape(keel: TestKeel, taskId: string): Promise<string[]> {
   });
 }
 
+/** One sample of /metrics (Prometheus text), 0 when the series is absent. */
+async function metric(keel: TestKeel, series: string): Promise<number> {
+  const text = await (await fetch(`${keel.url}/metrics`)).text();
+  const line = text.split('\n').find((candidate) => candidate.startsWith(`${series} `));
+  return line ? Number(line.slice(series.length + 1)) : 0;
+}
+
 let log: StatementLog;
 beforeAll(() => {
   log = recordStatements();
@@ -105,6 +112,16 @@ describe('a process with workers and a free run slot', () => {
     expect(lease).toEqual({ claimed_by: fast.context.workerId, leased: true });
     expect(await fast.context.queues.queue('runs').getJob(runJobId(taskId))).toBeFalsy();
     await waitFor(async () => (await runOf(fast, taskId)).status === 'completed', 'the slow run completed', 20_000);
+  });
+
+  it('counts its runs by path and its group commits on /metrics', async () => {
+    const fastBefore = await metric(fast, 'keel_runs_started_total{path="fast"}');
+    const creationsBefore = await metric(fast, 'keel_group_commit_batch_size_count{kind="creation"}');
+    const completionsBefore = await metric(fast, 'keel_group_commit_batch_size_count{kind="completion"}');
+    await send(fast, fastToken, 'echo', 'counted');
+    expect(await metric(fast, 'keel_runs_started_total{path="fast"}')).toBe(fastBefore + 1);
+    expect(await metric(fast, 'keel_group_commit_batch_size_count{kind="creation"}')).toBe(creationsBefore + 1);
+    expect(await metric(fast, 'keel_group_commit_batch_size_count{kind="completion"}')).toBe(completionsBefore + 1);
   });
 
   it('shows clients the same journal as a queued run of the same message', async () => {
@@ -166,6 +183,8 @@ describe('no free run slot', () => {
     const [fastRun, queuedRun] = await Promise.all([runOf(keel, first.task.id), runOf(keel, second.task.id)]);
     expect(fastRun.started_at).toBe(fastRun.created_at);
     expect(queuedRun.started_at!).toBeGreaterThan(queuedRun.created_at);
+    expect(await metric(keel, 'keel_runs_started_total{path="fast"}')).toBe(1);
+    expect(await metric(keel, 'keel_runs_started_total{path="queue"}')).toBe(1);
   });
 });
 
