@@ -3,6 +3,7 @@ import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import {
   REASONS_BY_TERMINAL_STATUS,
+  type CompletionReason,
   TERMINAL_RUN_STATUSES,
   TRUNCATING_REASONS,
   runMachine,
@@ -285,6 +286,32 @@ export type SettleInput = {
 
 export type SettleResult = { settled: true; run: RunRow } | { settled: false; current: RunStatus | null };
 
+/**
+ * What every settle writes besides its status and reason: no owner or lease any more, and neither
+ * the request nor the suspended turn (a settled run needs neither: keep nothing), a new revision.
+ */
+const SETTLED = sql.fragment`claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
+  queued_request = NULL, suspended_state = NULL, settled_at = now(), revision = revision + 1, updated_at = now()`;
+
+export type CompletedSettle = { runId: string; workerId: string; reason: CompletionReason; totals: RunTotals };
+
+/**
+ * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
+ * commit): what settleRun writes for each, guarded the same way (only from the statuses COMPLETE
+ * leaves, only by the worker holding the run). The target is `r`: the caller returns `r.*`, not the VALUES too.
+ */
+export function completeRunsStatement(settles: readonly CompletedSettle[]) {
+  const rows = settles.map(
+    ({ runId, workerId, reason, totals }) => sql.fragment`(${runId}::uuid, ${workerId}::text, ${reason}::text, ${TRUNCATING_REASONS.includes(reason)}::boolean,
+      ${totals.iterations}::int4, ${totals.toolCalls}::int4, ${totals.inputTokens}::int8, ${totals.outputTokens}::int8)`,
+  );
+  return sql.fragment`
+    UPDATE runs r SET status = ${to('COMPLETE')}, termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
+      ${SETTLED}, iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
+    FROM (VALUES ${sql.join(rows, sql.fragment`, `)}) AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens)
+    WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker`;
+}
+
 const SETTLE_EVENT: Record<TerminalRunStatus, RunEventType> = { completed: 'COMPLETE', failed: 'FAIL', cancelled: 'CANCEL' };
 
 /**
@@ -302,10 +329,7 @@ export async function settleRun(db: Db, logger: KeelLogger, runId: string, input
     UPDATE runs SET status = ${input.status}, termination_reason = ${input.reason}, truncated = ${truncated},
       error_class = ${input.errorClass ?? null},
       failure_detail = ${input.failureDetail ? sql.jsonb(input.failureDetail as never) : null},
-      claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
-      -- A settled run needs neither its request nor its suspended turn any more: keep nothing.
-      queued_request = NULL, suspended_state = NULL,
-      settled_at = now(), revision = revision + 1, updated_at = now() ${totalsFragment(input.totals)}
+      ${SETTLED} ${totalsFragment(input.totals)}
     WHERE id = ${runId} AND status = ANY(${from(event)})
       ${input.workerId === undefined ? sql.fragment`` : sql.fragment`AND (status <> 'running' OR claimed_by = ${input.workerId})`}
     RETURNING *`);

@@ -75,7 +75,7 @@ const lockedTask = z.object({
   last_sequence: z.number(),
   projected_state: z.string(),
 });
-type LockedTask = z.infer<typeof lockedTask>;
+export type LockedTask = z.infer<typeof lockedTask>;
 type Locked = { run: z.infer<typeof lockedRun>; task: LockedTask | null };
 
 /**
@@ -100,6 +100,54 @@ async function lockRunAndTask(transaction: CommonQueryMethods, runId: string, ta
   if (!row) return null;
   const { status, claimed_by, answer_level, revision, task_id, has_outputs, ...task } = row;
   return { run: { status, claimed_by, answer_level, revision, task_id, has_outputs }, task };
+}
+
+/**
+ * The task's result for the agent's answer: the run's merged artifacts, then the answer as an
+ * artifact of its own, or as the status message (a direct Message when presented as one).
+ */
+export function answerResult(
+  taskId: string,
+  contextId: string,
+  input: Pick<CompletionInput, 'answer' | 'presentation'>,
+  merged: Artifact[],
+): { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean } {
+  const presentation = input.presentation ?? 'artifact';
+  const artifacts = [...merged];
+  if (presentation === 'artifact' && input.answer !== null) artifacts.push({ artifactId: `${taskId}-answer`, name: 'answer', parts: [{ text: input.answer }] });
+  const statusMessage: Message | null =
+    presentation !== 'artifact' && input.answer !== null ? { messageId: `${taskId}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId, taskId } : null;
+  return { artifacts, statusMessage, directMessage: presentation === 'direct_message' };
+}
+
+/** The task row a journaled end leaves, built from what its transaction wrote (the blocking answer's source). */
+export function journaledTaskRow(
+  task: Pick<LockedTask, 'context_id' | 'owner' | 'agent' | 'metadata' | 'task_created_at'>,
+  settled: Pick<RunRow, 'id' | 'task_id' | 'termination_reason' | 'failure_detail'>,
+  write: Pick<JournalWrite, 'state' | 'statusTimestamp' | 'revision' | 'lastSequence'>,
+  content: { sealed: EndContent['sealed']; answerLevel: string; directMessage: boolean },
+): TaskRow {
+  return {
+    id: settled.task_id!,
+    context_id: task.context_id,
+    owner: task.owner,
+    agent: task.agent,
+    run_id: settled.id,
+    state: write.state,
+    status_timestamp: write.statusTimestamp,
+    status_message: content.sealed.statusMessage,
+    artifacts: content.sealed.artifacts,
+    history: content.sealed.history,
+    answer_level: content.answerLevel,
+    metadata: task.metadata,
+    projected_revision: write.revision,
+    last_sequence: write.lastSequence,
+    projected_state: write.state,
+    direct_message: content.directMessage,
+    created_at: task.task_created_at,
+    termination_reason: settled.termination_reason,
+    failure_detail: settled.failure_detail,
+  };
 }
 
 /** The task's content after the settle: opened for the journal's events, sealed as the row holds it. */
@@ -147,30 +195,7 @@ async function journalEnd(
     failureDetail: settled.failure_detail,
   };
   const write = await writeJournalEvents(transaction, sealer, head, run, journalEventsSince(head, run, outputs), options);
-  return {
-    write,
-    task: {
-      id: taskId,
-      context_id: task.context_id,
-      owner: task.owner,
-      agent: task.agent,
-      run_id: settled.id,
-      state: write.state,
-      status_timestamp: write.statusTimestamp,
-      status_message: content.sealed.statusMessage,
-      artifacts: content.sealed.artifacts,
-      history: content.sealed.history,
-      answer_level: content.answerLevel,
-      metadata: task.metadata,
-      projected_revision: write.revision,
-      last_sequence: write.lastSequence,
-      projected_state: write.state,
-      direct_message: content.directMessage,
-      created_at: task.task_created_at,
-      termination_reason: settled.termination_reason,
-      failure_detail: settled.failure_detail,
-    },
-  };
+  return { write, task: journaledTaskRow(task, settled, write, content) };
 }
 
 /** The task's content as the locked row holds it (a settle that writes no result leaves it as it is). */
@@ -244,17 +269,8 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
     return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
   }
 
-  const presentation = input.presentation ?? 'artifact';
   const outputs = run.has_outputs ? await listRunOutputs(transaction, sealer, input.runId) : [];
-  const artifacts: Artifact[] = mergeArtifacts(outputs);
-  if (presentation === 'artifact' && input.answer !== null) {
-    artifacts.push({ artifactId: `${run.task_id}-answer`, name: 'answer', parts: [{ text: input.answer }] });
-  }
-  const statusMessage: Message | null =
-    presentation !== 'artifact' && input.answer !== null
-      ? { messageId: `${run.task_id}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: task.context_id, taskId: run.task_id }
-      : null;
-  const directMessage = presentation === 'direct_message';
+  const { artifacts, statusMessage, directMessage } = answerResult(run.task_id, task.context_id, input, mergeArtifacts(outputs));
   const stored = await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage }, task.history, auditInsert);
   const completed = await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
   if (!completed.settled) return { ...completed, journaled: null };

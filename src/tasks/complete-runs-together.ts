@@ -1,15 +1,13 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
-import { runMachine } from '../../machines/run.machine.js';
-import { allowedFrom } from '../../machines/transitions.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
-import type { Artifact, Message, TaskState } from '../protocol/wire.js';
-import { TRUNCATING_REASONS } from '../../machines/run.machine.js';
+import type { TaskState } from '../protocol/wire.js';
+import { completeRunsStatement } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { completeRunWithin, type CompletionInput, type CompletionResult } from './complete-run.js';
+import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
 import { JOURNAL_CHANNEL } from './journal.js';
 import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, journalRows, recordEventDeliveries, type JournalRow } from './journal-writer.js';
 import { prepareTaskResult } from './task-repository.js';
@@ -46,8 +44,6 @@ const lockedRow = z.object({
 type LockedRow = z.infer<typeof lockedRow>;
 
 const settledRow = runRow.extend({ push_configs: z.array(z.string()), results: z.number(), events: z.number(), notified: z.number() });
-
-const COMPLETE_FROM = sql.array(allowedFrom(runMachine, 'COMPLETE'), 'text');
 
 /** Whether a completion can take the batch's common path: it holds its run, the run serves a task, nothing stored to merge, a result may be kept. */
 function commonPath(input: CompletionInput, row: LockedRow | undefined): row is LockedRow {
@@ -94,13 +90,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
     const audit = input.takeAuditInsert?.() ?? null;
     await input.beforeSettle?.(transaction);
     const taskId = row.task_id!;
-    const presentation = input.presentation ?? 'artifact';
-    const artifacts: Artifact[] = presentation === 'artifact' && input.answer !== null ? [{ artifactId: `${taskId}-answer`, name: 'answer', parts: [{ text: input.answer }] }] : [];
-    const statusMessage: Message | null =
-      presentation !== 'artifact' && input.answer !== null
-        ? { messageId: `${taskId}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId: row.context_id, taskId }
-        : null;
-    const directMessage = presentation === 'direct_message';
+    const { artifacts, statusMessage, directMessage } = answerResult(taskId, row.context_id, input, []);
     const stored = prepareTaskResult(sealer, taskId, level, { artifacts, statusMessage, directMessage }, row.history);
     const revision = row.revision + 1;
     const head = {
@@ -128,34 +118,9 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
       const options = item.input.projection ?? DEFAULT_PROJECTION_OPTIONS;
       const deliveryIds = await recordEventDeliveries(transaction, { taskId, lastSequence: item.row.last_sequence }, item.events, configs, options);
       const notice = item.journal.notice === null ? null : { taskId, lastSequence: item.journal.lastSequence, ends: item.journal.ends };
-      results[item.index] = {
-        settled: true,
-        run,
-        journaled: {
-          write: { events: item.events.length, revision: item.revision, deliveryIds, notice, state: 'TASK_STATE_COMPLETED', statusTimestamp: item.row.tx_now, lastSequence: item.journal.lastSequence },
-          task: {
-            id: taskId,
-            context_id: item.row.context_id,
-            owner: item.row.owner,
-            agent: item.row.agent,
-            run_id: item.input.runId,
-            state: 'TASK_STATE_COMPLETED',
-            status_timestamp: item.row.tx_now,
-            status_message: item.stored.sealed.statusMessage,
-            artifacts: item.stored.sealed.artifacts,
-            history: item.stored.sealed.history,
-            answer_level: item.row.answer_level,
-            metadata: item.row.metadata,
-            projected_revision: item.revision,
-            last_sequence: item.journal.lastSequence,
-            projected_state: 'TASK_STATE_COMPLETED',
-            direct_message: item.directMessage,
-            created_at: item.row.task_created_at,
-            termination_reason: run.termination_reason,
-            failure_detail: run.failure_detail,
-          },
-        },
-      };
+      const write = { events: item.events.length, revision: item.revision, deliveryIds, notice, state: 'TASK_STATE_COMPLETED' as const, statusTimestamp: item.row.tx_now, lastSequence: item.journal.lastSequence };
+      const content = { sealed: item.stored.sealed, answerLevel: item.row.answer_level, directMessage: item.directMessage };
+      results[item.index] = { settled: true, run, journaled: { write, task: journaledTaskRow(item.row, run, write, content) } };
     }
   }
 
@@ -176,11 +141,7 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
       ${sealed.history === null ? null : sql.binary(sealed.history)}::bytea, ${directMessage}::boolean, ${row.answer_level}::text,
       ${revision}::int8, ${journal.lastSequence}::int4)`;
   });
-  const settles = items.map(({ input }) => {
-    const { totals } = input;
-    return sql.fragment`(${input.runId}::uuid, ${input.workerId}::text, ${input.reason}::text, ${TRUNCATING_REASONS.includes(input.reason)}::boolean,
-      ${totals.iterations}::int4, ${totals.toolCalls}::int4, ${totals.inputTokens}::int8, ${totals.outputTokens}::int8)`;
-  });
+  const settles = items.map(({ input }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals }));
   const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
   const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
   const rows = await transaction.any(sql.type(settledRow)`
@@ -194,16 +155,7 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
         AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
       WHERE t.id = v.id
       RETURNING t.id),
-    settled AS (
-      UPDATE runs r SET status = 'completed', termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
-        claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
-        queued_request = NULL, suspended_state = NULL,
-        settled_at = now(), revision = r.revision + 1, updated_at = now(),
-        iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
-      FROM (VALUES ${sql.join(settles, sql.fragment`, `)})
-        AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens)
-      WHERE r.id = v.id AND r.status = ANY(${COMPLETE_FROM}) AND r.claimed_by = v.worker
-      RETURNING r.*),
+    settled AS (${completeRunsStatement(settles)} RETURNING r.*),
     journal AS (
       INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
       SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
