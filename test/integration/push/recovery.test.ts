@@ -14,6 +14,7 @@ import {
   sendWithPush,
   startReceiver,
   waitForSettled,
+  waitForTerminalEvent,
   type Receiver,
 } from './push-support.js';
 
@@ -106,9 +107,10 @@ describe('worker killed', () => {
       KEEL_QUEUE_PREFIX: prefix,
       ...(QUEUE === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       ...Object.fromEntries(Object.entries(PUSH_TEST_OVERRIDES).map(([key, value]) => [key, String(value)])),
-      // Long enough that the held request is still in flight when the worker is killed; the
-      // attempt's lease (2 × timeout + 1 s) then decides when it is tried again.
-      KEEL_TEST_PUSH_TIMEOUT_SECONDS: '2',
+      // Long enough that the held request is still in flight when the worker is killed (the test
+      // first waits for the task to end); the attempt's lease (2 × timeout + 1 s) then decides
+      // when it is tried again.
+      KEEL_TEST_PUSH_TIMEOUT_SECONDS: '4',
     };
     const token = await newClientToken(database.pool);
 
@@ -121,6 +123,10 @@ describe('worker killed', () => {
     const { taskId } = await sendWithPush(String(ready.url), token, 'echo', 'kill me', { id: 'hook', url: receiver.url });
 
     await waitFor(async () => receiver.requests.length === 1, 'the first POST to reach the receiver');
+    // The fast path runs the task in this process and the first event's POST can arrive before the
+    // run's completion commits; killed then, the run would wait out its lease (60 s), which is
+    // the executor-crash tests' subject, not this one's. Here only the delivery dies mid-POST.
+    await waitForTerminalEvent(database.pool, taskId, 3000);
     child.child.kill('SIGKILL');
     const exit = await child.exited;
     killed = exit.signal === 'SIGKILL';
