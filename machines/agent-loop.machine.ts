@@ -53,6 +53,8 @@ export type LoopOutcome =
   | { kind: 'complete'; reason: CompletionReason; answer: string | null; presentation?: AnswerPresentation }
   | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
   | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' }
+  /** A statechart agent's durable timer (docs/statechart-agents.md): the run waits until dueAt. */
+  | { kind: 'suspend'; status: 'waiting_for_timer'; dueAt: number }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
 
 export type LoopContext = LoopState & { limits: LoopLimits; outcome: LoopOutcome | null };

@@ -10,6 +10,7 @@ export const RUN_STATUSES = [
   'waiting_for_approval',
   'waiting_for_input',
   'waiting_for_dependency',
+  'waiting_for_timer',
   'completed',
   'failed',
   'cancelled',
@@ -74,11 +75,15 @@ export type RunEvent =
   | { type: 'SUSPEND_FOR_APPROVAL' }
   | { type: 'SUSPEND_FOR_INPUT' }
   | { type: 'SUSPEND_FOR_DEPENDENCY' }
+  /** A statechart agent's durable `after`: the run waits for its due time (available_at). */
+  | { type: 'SUSPEND_FOR_TIMER' }
   | { type: 'APPROVAL_DECIDED' }
   /** Nobody decided within `runs.approvalTimeoutHours`: the run ends FAILED (`approval_denied`). */
   | { type: 'APPROVAL_TIMED_OUT' }
   | { type: 'INPUT_RECEIVED' }
   | { type: 'DEPENDENCY_RESOLVED' }
+  /** The sweep found the timer due and hands the run to a worker. */
+  | { type: 'TIMER_DUE' }
   | { type: 'COMPLETE'; reason: TerminationReason }
   | { type: 'FAIL'; reason: TerminationReason }
   | { type: 'CANCEL' }
@@ -113,6 +118,7 @@ export const runMachine = setup({
         SUSPEND_FOR_APPROVAL: 'waiting_for_approval',
         SUSPEND_FOR_INPUT: 'waiting_for_input',
         SUSPEND_FOR_DEPENDENCY: 'waiting_for_dependency',
+        SUSPEND_FOR_TIMER: 'waiting_for_timer',
         COMPLETE: complete,
         FAIL: fail,
         CANCEL: cancel,
@@ -131,6 +137,10 @@ export const runMachine = setup({
     waiting_for_dependency: {
       description: 'Waits for a remote agent task',
       on: { DEPENDENCY_RESOLVED: 'running', FAIL: fail, CANCEL: cancel },
+    },
+    waiting_for_timer: {
+      description: "A statechart agent's delayed transition waits for its due time",
+      on: { TIMER_DUE: 'running', FAIL: fail, CANCEL: cancel },
     },
     completed: { type: 'final', description: 'Answered (possibly truncated)' },
     failed: { type: 'final', description: 'Ended without an answer; the reason says why' },

@@ -1,9 +1,9 @@
 import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
-import { handoffJobId, inboxJobId, projectionJobId, runJobId } from '../src/queue/job-ids.js';
+import { handoffJobId, inboxJobId, projectionJobId, runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { timeOutApprovals } from '../src/runs/approval-timeout.js';
-import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, OPEN_RUN, requeueRun } from '../src/runs/run-repository.js';
+import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, listTimerWaits, OPEN_RUN, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import { purgeExpiredRuns } from '../src/tasks/retention.js';
 import { foldTaskCountDeltas } from '../src/tasks/task-counts.js';
@@ -43,6 +43,10 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
     SELECT id, revision FROM runs WHERE ${OPEN_RUN} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
   for (const { id, revision } of handoffs) {
     if ((await context.queues.ensureJob('runs', handoffJobId(id, revision), { runId: id })) === 'added') restored += 1;
+  }
+  // A statechart run waiting for its durable timer owes the delayed job that wakes it.
+  for (const timer of await listTimerWaits(context.pool, SWEEP_BATCH)) {
+    if ((await context.queues.ensureJob('runs', timerJobId(timer.id, timer.revision), { runId: timer.id }, { delayMs: timer.delay_ms })) === 'added') restored += 1;
   }
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing run jobs');
   return { queuedRuns: rows.length, restored };

@@ -30,6 +30,7 @@ import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-rep
 import { applyLinkCeilings, appliedLinkIndex, providerChainOf, type RetryPolicy, type ScrubServedTask } from '../src/runs/provider-chain.js';
 import {
   announceRunOutputs,
+  claimDueTimer,
   claimQueuedRun,
   lockHeldRun,
   markNonIdempotentCall,
@@ -41,12 +42,13 @@ import {
   type RunTotals,
 } from '../src/runs/run-repository.js';
 import { runRequestSchema } from '../src/runs/run-request.js';
-import { runJobId } from '../src/queue/job-ids.js';
+import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { FIRST_CLAIM_REVISION, isFirstClaim, type RunRow } from '../src/runs/run-row.js';
 import type { FastRun, FastRunSlot, FastRuns } from '../src/runs/fast-runs.js';
 import type { RunRequest } from '../src/runs/run-request.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
+import { runStatechartAgent, type StatechartRunResult } from './statechart-agent-run.js';
 
 // The runs queue's processor: claims a run, rebuilds it from its sealed request (or suspended
 // turn), steps the agent loop machine through its pure transitions, and settles, suspends or stops. Every write is
@@ -264,7 +266,7 @@ export function createRunExecutor(
     queuedInFlight += 1;
     if (queueSaturated()) queueBacklogUntil = Date.now() + QUEUE_BACKLOG_MS;
     return inSlot(runId, async (slot) => {
-      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim));
+      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimDueTimer(pool, runId, claim));
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
       options.onRunStarted?.('queue');
@@ -409,7 +411,7 @@ export function createRunExecutor(
     let storedOutputs = fresh ? 0 : 1;
 
     /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
-    async function storeArtifacts(state: LoopContext, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
+    async function storeArtifacts(iteration: number, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
       if (emissions.length === 0) return true;
       return pool.transaction(async (transaction) => {
         const held = await lockHeldRun(transaction, runId, workerId);
@@ -420,7 +422,7 @@ export function createRunExecutor(
           runId,
           held.revision + 1,
           held.answerLevel,
-          emissions.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${state.iteration}-${index}`)),
+          emissions.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${iteration}-${index}`)),
         );
         storedOutputs += emissions.length;
         return true;
@@ -436,7 +438,7 @@ export function createRunExecutor(
       const answer = await providerChain.call(state);
       if (answer.kind !== 'reply') return answer;
       const { reply } = answer;
-      if (!(await storeArtifacts(state, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
+      if (!(await storeArtifacts(state.iteration, reply.artifacts))) return { kind: 'stop', why: lease.loss ?? 'lease_lost' };
       if (reply.artifacts.length > 0) afterCommit(runId);
       const approvalRequired = reply.toolCalls.some((call) => agent.tools.get(call.name)?.needsApproval === true);
       return {
@@ -529,6 +531,43 @@ export function createRunExecutor(
       audit.record({ kind: 'guardrail', meta: { stage, verdict: verdict.verdict, ...(verdict.verdict === 'allow' ? {} : { guardrail: verdict.guardrail }) } });
       return verdict;
     };
+
+    if (agent.statechart) {
+      // A statechart agent: its own machine drives the run, durable transition by transition.
+      let ran: StatechartRunResult;
+      try {
+        ran = await runStatechartAgent({
+          pool,
+          sealer,
+          runId,
+          taskId: run.task_id,
+          workerId,
+          agent,
+          definition: agent.statechart,
+          state: rebuilt.state,
+          audit,
+          logger: runLog,
+          fetch,
+          signal: lease.abort.signal,
+          providerChain,
+          checkpoint,
+          runTool: runOneTool,
+          shown: () => {
+            storedOutputs += 1;
+            afterCommit(runId);
+          },
+        });
+      } catch (error) {
+        lease.stop();
+        runLog.error({ err: error }, 'statechart run crashed; the run stays claimed until its lease expires');
+        throw error;
+      }
+      lease.stop();
+      if (ran.outcome.kind === 'complete' && ran.artifacts.length > 0 && !(await storeArtifacts(ran.state.iteration, ran.artifacts))) {
+        return settleOutcome({ kind: 'stop', why: lease.loss ?? 'lease_lost' }, ran.state);
+      }
+      return settleOutcome(ran.outcome, ran.state);
+    }
 
     const steps: MachineSteps<typeof agentLoopMachine> = {
       checkpoint: () => checkpoint(),
@@ -636,7 +675,7 @@ export function createRunExecutor(
           };
           try {
             const suspended = await pool.transaction(async (transaction) => {
-              const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals);
+              const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals, result.status === 'waiting_for_timer' ? result.dueAt : undefined);
               if (row) {
                 audit.record(suspendedEvent);
                 await audit.flushWithin(transaction);
@@ -655,6 +694,12 @@ export function createRunExecutor(
             afterCommit(runId);
             if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
             if (state.pendingDependency) onDependencyWait(state.pendingDependency.dependencyId);
+            if (result.status === 'waiting_for_timer') {
+              // The wake-up at the due time; the sweep restores it if it is lost.
+              await context.queues
+                .addJob('runs', timerJobId(runId, suspended.revision), { runId }, { delayMs: Math.max(0, result.dueAt - Date.now()) })
+                .catch((error: Error) => runLog.warn({ err: error }, 'the timer wake-up could not be added; the sweeper adds it'));
+            }
             return { kind: 'suspended', status: result.status };
           } catch (error) {
             if (isConnectionError(error)) throw error;

@@ -110,6 +110,15 @@ function decodePageToken(token: string): { timestamp: number; id: string } | nul
   }
 }
 
+/** A part as a statechart machine's input sees it: a file's bytes stay out (their name, media type and size stand for them). */
+function referencedPart(part: WireMessage['parts'][number]): unknown {
+  if ('raw' in part && typeof part.raw === 'string') {
+    const { raw, ...rest } = part;
+    return { ...rest, file: { bytes: Buffer.byteLength(raw, 'base64') } };
+  }
+  return part;
+}
+
 export class A2AService {
   /** The public and extended cards, signed when card signing is configured. */
   readonly cards: ServedCards;
@@ -265,7 +274,12 @@ export class A2AService {
     };
     const request = (earlier: Array<{ role: 'user' | 'assistant'; content: string }>) => ({
       messages: [...earlier, { role: 'user' as const, content: messageText(message) }],
-      metadata: { messageId: message.messageId, contextId },
+      metadata: {
+        messageId: message.messageId,
+        contextId,
+        // A statechart agent's machine gets the message's parts as its input (files as references).
+        ...(caller.agent.statechart ? { taskId, parts: message.parts.map(referencedPart) } : {}),
+      },
     });
     // The fast path (docs/decisions/0025-fast-path.md): with a free run slot here, the run is
     // inserted claimed by this process, the task WORKING with its first journal event, and it runs

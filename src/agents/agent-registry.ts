@@ -7,6 +7,7 @@ import type { GuardedFetch } from '../net/guarded-fetch.js';
 import { answerIsRetainable, resolveCeilings, type Ceilings } from '../privacy/resolve-ceilings.js';
 import { createProvider } from '../providers/create-provider.js';
 import type { Provider } from '../providers/provider.js';
+import { loadStatechart, type StatechartDefinition } from '../statecharts/statechart-definition.js';
 import { httpGetTool } from '../tools/http-get-tool.js';
 import { loadToolModules } from '../tools/load-tool-modules.js';
 import type { ToolDefinition } from '../tools/tool.js';
@@ -22,6 +23,8 @@ export type RegisteredAgent = {
   chain: ChainLink[];
   tools: Map<string, ToolDefinition>;
   guardrails: Guardrail[];
+  /** A statechart agent's machine (docs/statechart-agents.md): it drives the run instead of the agent loop. */
+  statechart?: StatechartDefinition;
 };
 
 export type AgentRegistry = {
@@ -70,7 +73,7 @@ export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps)
   for (const [index, agent] of config.agents.entries()) {
     const where = `agents.${index} (${agent.id})`;
     const chain: ChainLink[] = [];
-    for (const name of [agent.provider, ...agent.fallbacks]) {
+    for (const name of [...(agent.provider === undefined ? [] : [agent.provider]), ...agent.fallbacks]) {
       const providerConfig = config.providers[name];
       if (!providerConfig) {
         problems.push(`${where}: provider "${name}" is not defined under providers`);
@@ -85,6 +88,16 @@ export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps)
         problems.push(`${where}: provider "${name}": ${(error as Error).message}`);
       }
     }
+    let statechart: StatechartDefinition | undefined;
+    if (agent.machine !== undefined) {
+      const loaded = await loadStatechart(agent.machine, baseDir, where);
+      if (loaded.ok) statechart = loaded.definition;
+      else problems.push(...loaded.problems);
+      // Without a provider, the run's ceilings are the installation's and the agent's, and a callModel step fails naming the missing provider.
+      if (agent.provider === undefined) {
+        chain.push({ provider: noProvider(agent.id), ceilings: resolveCeilings({ global: config.privacy.level, agent: agent.privacy }) });
+      }
+    }
     const tools = new Map<string, ToolDefinition>();
     for (const name of agent.tools) {
       const tool = toolsByName.get(name);
@@ -93,12 +106,24 @@ export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps)
     }
     const guardrails = await loadGuardrails(agent.guardrails, where, baseDir);
     if (!guardrails.ok) problems.push(...guardrails.problems);
-    agents.set(agent.id, { config: agent, chain, tools, guardrails: guardrails.ok ? guardrails.guardrails : [] });
+    agents.set(agent.id, { config: agent, chain, tools, guardrails: guardrails.ok ? guardrails.guardrails : [], ...(statechart ? { statechart } : {}) });
   }
 
   if (problems.length > 0) return { ok: false, problems };
   const defaultAgentId = config.agents[0]!.id;
   return { ok: true, registry: { agents, defaultAgentId, get: (id) => agents.get(id) } };
+}
+
+/** The provider of a statechart agent that names none: a model call fails and says so. */
+function noProvider(agentId: string): Provider {
+  return {
+    name: 'none',
+    type: 'echo',
+    call: async () => ({
+      ok: false,
+      failure: { class: 'configuration', message: `agent ${agentId} names no provider: a callModel step needs one (set provider in its config)` },
+    }),
+  };
 }
 
 /** Agents whose primary answer ceiling keeps no result: A2A refuses them before any task exists. */

@@ -228,7 +228,13 @@ const agentSchema = z
     name: z.string().min(1),
     description: z.string().default(''),
     version: z.string().default('1.0.0'),
-    provider: z.string().min(1),
+    /** The model provider of the agent loop; a statechart agent names one only if its machine calls the model. */
+    provider: z.string().min(1).optional(),
+    /**
+     * A statechart agent (docs/statechart-agents.md): a module exporting an XState machine made with
+     * setup(), relative to the config file. The machine drives the run instead of the agent loop.
+     */
+    machine: z.string().min(1).optional(),
     fallbacks: z.array(z.string().min(1)).default([]),
     tools: z.array(z.string().min(1)).default([]),
     limits: z

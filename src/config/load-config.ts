@@ -83,7 +83,9 @@ function crossCheck(config: ParsedConfig): string[] {
     const where = `agents.${index} (${agent.id})`;
     if (seen.has(agent.id)) problems.push(`${where}: duplicate agent id "${agent.id}"`);
     seen.add(agent.id);
-    [agent.provider, ...agent.fallbacks].forEach((name) => {
+    if (agent.provider === undefined && agent.machine === undefined) problems.push(`${where}: provider is required (or machine, for an agent written as a statechart)`);
+    if (agent.provider === undefined && agent.fallbacks.length > 0) problems.push(`${where}: fallbacks need a provider to fall back from`);
+    [...(agent.provider === undefined ? [] : [agent.provider]), ...agent.fallbacks].forEach((name) => {
       if (!config.providers[name]) problems.push(`${where}: provider "${name}" is not defined under providers`);
     });
   });

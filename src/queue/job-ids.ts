@@ -12,6 +12,8 @@ export const runJobId = (runId: string, requeues = 0) => (requeues > 0 ? `run-${
  * moment would otherwise be dropped as a duplicate and wait for the sweeper.
  */
 export const handoffJobId = (runId: string, revision: number) => `run-${runId}-h${revision}`;
+/** A statechart run's durable timer (waiting_for_timer since `revision`): a delayed job wakes it at its due time. */
+export const timerJobId = (runId: string, revision: number) => `run-${runId}-t${revision}`;
 export const projectionJobId = (runId: string, revision: number) => `proj-${runId}-${revision}`;
 /** One job per attempt: a retry is a new delayed job, never the finished one re-added. */
 export const deliveryJobId = (deliveryId: string, attempt = 0) => (attempt > 0 ? `dlv-${deliveryId}-a${attempt}` : `dlv-${deliveryId}`);

@@ -8,7 +8,7 @@ import type { Sealer } from '../sealing/sealer.js';
 // run_outputs: the artifacts and the answer a run produced, sealed and kept at the run's answer
 // level. Writers pass the level they read under the run-row lock.
 
-export type RunOutputKind = 'artifact' | 'answer';
+export type RunOutputKind = 'artifact' | 'answer' | 'status';
 
 /** What is stored (before the level is applied): the emission itself. */
 export type RunOutputContent = { artifactId?: string; name?: string; description?: string; parts: unknown[] };
@@ -35,7 +35,7 @@ export type StoredRunOutput = {
 
 const outputRow = z.object({
   ordinal: z.number(),
-  kind: z.enum(['artifact', 'answer']),
+  kind: z.enum(['artifact', 'answer', 'status']),
   artifact_id: z.string().nullable(),
   append: z.boolean(),
   last_chunk: z.boolean(),

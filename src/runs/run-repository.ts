@@ -146,16 +146,18 @@ export async function renewLease(db: Db, runId: string, claim: Claim): Promise<b
   return row !== null;
 }
 
-export type SuspendStatus = 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency';
+export type SuspendStatus = 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' | 'waiting_for_timer';
 const SUSPEND_EVENT: Record<SuspendStatus, RunEventType> = {
   waiting_for_approval: 'SUSPEND_FOR_APPROVAL',
   waiting_for_input: 'SUSPEND_FOR_INPUT',
   waiting_for_dependency: 'SUSPEND_FOR_DEPENDENCY',
+  waiting_for_timer: 'SUSPEND_FOR_TIMER',
 };
 const RESUME_EVENT: Record<SuspendStatus, RunEventType> = {
   waiting_for_approval: 'APPROVAL_DECIDED',
   waiting_for_input: 'INPUT_RECEIVED',
   waiting_for_dependency: 'DEPENDENCY_RESOLVED',
+  waiting_for_timer: 'TIMER_DUE',
 };
 
 /** RUNNING → waiting, by the owner, storing the sealed suspended state with the transition. */
@@ -167,11 +169,14 @@ export async function suspendRun(
   status: SuspendStatus,
   state: unknown,
   totals?: RunTotals,
+  /** A timer's due time (waiting_for_timer): the sweep hands the run over once available_at is past. */
+  dueAt?: number,
 ): Promise<RunRow | null> {
   const event = SUSPEND_EVENT[status];
   const sealed = sealer.sealJson(suspendedStateContext(runId), state);
+  const due = dueAt === undefined ? sql.fragment`` : sql.fragment`available_at = ${sql.timestamp(new Date(dueAt))},`;
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)},
+    UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)}, ${due}
       claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
       revision = revision + 1, updated_at = now() ${totalsFragment(totals)}
     WHERE id = ${runId} AND status = ANY(${from(event)}) AND claimed_by = ${workerId}
@@ -259,6 +264,59 @@ export async function switchRunProvider(
     WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
     RETURNING id`);
   return row !== null;
+}
+
+/**
+ * A statechart agent's committed transition (docs/statechart-agents.md): the held run's durable
+ * state (sealed, the machine's snapshot inside), the definition it runs and the state it reached,
+ * by the owner only. No revision: a transition shows nothing by itself; what it shows (a status
+ * message, an artifact) is announced with announceRunOutputs in the same transaction.
+ */
+export async function saveMachineProgress(
+  db: Db,
+  sealer: Sealer,
+  runId: string,
+  workerId: string,
+  progress: { state: unknown; machineHash: string; machineState: unknown; insideNonIdempotentStep: string | null },
+): Promise<boolean> {
+  const sealed = sealer.sealJson(suspendedStateContext(runId), progress.state);
+  // The mark of a non-idempotent step stays until the transition that takes its outcome commits:
+  // a crash before that dead-letters the run instead of running the step twice.
+  const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE runs SET suspended_state = ${sql.binary(sealed)}, machine_hash = ${progress.machineHash},
+      machine_state = ${sql.jsonb(progress.machineState as never)}, inside_non_idempotent_call = ${progress.insideNonIdempotentStep}, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    RETURNING id`);
+  return row !== null;
+}
+
+/** The path of a statechart run: one row per committed transition (sql/0017). */
+export async function appendMachineStep(db: Db, runId: string, step: { sequence: number; state: unknown; event: string; machineHash: string }): Promise<void> {
+  await db.query(sql.unsafe`
+    INSERT INTO run_machine_steps (run_id, sequence, state, event, machine_hash)
+    VALUES (${runId}, ${step.sequence}, ${sql.jsonb(step.state as never)}, ${step.event}, ${step.machineHash})
+    ON CONFLICT (run_id, sequence) DO UPDATE SET state = EXCLUDED.state, event = EXCLUDED.event, machine_hash = EXCLUDED.machine_hash, at = now()`);
+}
+
+/**
+ * Runs waiting for a durable timer, with what is left of the wait: each owes a delayed `runs` job
+ * (timerJobId), which the sweep restores when it is gone.
+ */
+export async function listTimerWaits(db: Db, limit: number): Promise<readonly { id: string; revision: number; delay_ms: number }[]> {
+  return db.any(sql.type(z.object({ id: z.string(), revision: z.number(), delay_ms: z.number() }))`
+    SELECT id, revision, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
+    FROM runs WHERE ${OPEN_RUN} AND status = 'waiting_for_timer'
+    ORDER BY available_at, id LIMIT ${limit}`);
+}
+
+/** waiting_for_timer → RUNNING by a worker, once the timer is due (a job that fired early finds nothing). */
+export async function claimDueTimer(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('TIMER_DUE')}, claimed_by = ${claim.workerId},
+      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+      revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('TIMER_DUE')}) AND available_at <= now()
+    RETURNING *`);
 }
 
 /**

@@ -33,6 +33,9 @@ export const runRow = z.object({
   updated_at: z.number(),
   started_at: z.number().nullable(),
   settled_at: z.number().nullable(),
+  /** A statechart agent's run: the definition it runs and the state it stands in (sql/0017). */
+  machine_hash: z.string().nullable().optional(),
+  machine_state: z.unknown().optional(),
 });
 export type RunRow = z.infer<typeof runRow>;
 

@@ -84,7 +84,7 @@ type Locked = { run: z.infer<typeof lockedRun>; task: LockedTask | null };
  * task's watermark and stored content.
  */
 async function lockRunAndTask(transaction: CommonQueryMethods, runId: string, taskId: string | null, hasOutputs: boolean): Promise<Locked | null> {
-  const outputs = hasOutputs ? sql.fragment`EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact')` : sql.fragment`false`;
+  const outputs = hasOutputs ? sql.fragment`EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind IN ('artifact', 'status'))` : sql.fragment`false`;
   if (taskId === null) {
     const run = await transaction.maybeOne(sql.type(lockedRun)`
       SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, ${outputs} AS has_outputs

@@ -83,11 +83,20 @@ export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs
     projected = 'TASK_STATE_WORKING';
   }
 
-  // Artifacts the agent emitted during the run, in the order they were committed.
+  // Artifacts the agent emitted during the run, and the status messages a statechart agent showed
+  // on entering a state (docs/statechart-agents.md), in the order they were committed.
   const emitted = outputs.filter(
-    (output) => output.kind === 'artifact' && output.level !== 'metadata' && output.runRevision > head.projectedRevision && output.runRevision <= run.revision,
+    (output) =>
+      (output.kind === 'artifact' || output.kind === 'status') && output.level !== 'metadata' && output.runRevision > head.projectedRevision && output.runRevision <= run.revision,
   );
   for (const output of emitted) {
+    if (output.kind === 'status') {
+      const parts = ((output.content as { parts?: Message['parts'] }).parts ?? []) as Message['parts'];
+      const message: Message = { messageId: `${head.taskId}-status-o${output.ordinal}`, role: 'ROLE_AGENT', parts, contextId: head.contextId, taskId: head.taskId };
+      events.push(status('TASK_STATE_WORKING', run.statusChangedAt, message));
+      projected = 'TASK_STATE_WORKING';
+      continue;
+    }
     const content = output.content as { name?: string; description?: string; parts?: Artifact['parts'] };
     events.push({
       kind: 'artifact',

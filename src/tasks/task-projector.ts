@@ -51,7 +51,7 @@ async function projectLocked(transaction: CommonQueryMethods, sealer: Sealer, ru
   const row = await transaction.maybeOne(sql.type(lockedTask.merge(runState))`
     SELECT t.id, t.context_id, t.projected_revision, t.last_sequence, t.projected_state, t.status_message, t.artifacts, t.direct_message,
       r.status, r.revision AS run_revision, r.started_at, r.status_changed_at, r.termination_reason, r.failure_detail,
-      EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind = 'artifact') AS has_outputs
+      EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind IN ('artifact', 'status')) AS has_outputs
     FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
     WHERE t.run_id = ${runId} FOR UPDATE OF t`);
   if (!row) return { taskId: null, events: 0, revision: 0, deliveryIds: [] };

@@ -9,6 +9,7 @@ export function taskStateOf(status: RunStatus, failureDetail: Record<string, unk
     case 'running':
     case 'waiting_for_approval':
     case 'waiting_for_dependency':
+    case 'waiting_for_timer':
       return 'TASK_STATE_WORKING';
     case 'waiting_for_input':
       return 'TASK_STATE_INPUT_REQUIRED';
@@ -23,6 +24,6 @@ export function taskStateOf(status: RunStatus, failureDetail: Record<string, unk
 
 /** Run statuses that show as a task state (ListTasks filters by state). */
 export function runStatusesFor(state: TaskState): RunStatus[] {
-  const all: RunStatus[] = ['queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency', 'completed', 'failed', 'cancelled'];
+  const all: RunStatus[] = ['queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency', 'waiting_for_timer', 'completed', 'failed', 'cancelled'];
   return all.filter((status) => taskStateOf(status, null) === state || (state === 'TASK_STATE_REJECTED' && status === 'failed'));
 }

@@ -1,0 +1,162 @@
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { SendMessageRequest, Task } from '@a2a-js/sdk';
+import { sql } from 'slonik';
+import { z } from 'zod';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createClient } from '../../../src/auth/client-repository.js';
+import { decideApproval, readSuspendedRun } from '../../../src/runs/resume-run.js';
+import { readJournal } from '../../../src/tasks/journal.js';
+import { sdkClient, textMessage } from '../../support/a2a-client.js';
+import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
+import { waitFor } from '../../support/wait-for.js';
+
+// A statechart agent end to end over the official client: the machine's steps, its status
+// messages and artifact in the journal, input asked and answered, an operator's approval, a
+// durable timer, and the path the run took, committed transition by transition.
+
+const MACHINE = new URL('../../fixtures/statecharts/order.machine.ts', import.meta.url).pathname;
+const stepLog = join(tempDir('keel-statechart-'), 'steps.log');
+
+let keel: TestKeel;
+let token = '';
+
+beforeAll(async () => {
+  writeFileSync(stepLog, '');
+  process.env.KEEL_TEST_STEP_LOG = stepLog;
+  keel = await startTestKeel({
+    overrides: {
+      KEEL_PRIVACY_LEVEL: 'full',
+      KEEL_MAINTENANCE_SWEEP_SECONDS: '1',
+      KEEL_AGENTS: [{ id: 'order', name: 'Order', machine: MACHINE }],
+    },
+  });
+  const client = await createClient(keel.context.pool, 'statecharts');
+  if (!client.ok) throw new Error('client');
+  token = client.token;
+});
+afterAll(async () => {
+  await keel?.dispose();
+});
+
+type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+function dataMessage(text: string, data: Record<string, unknown>) {
+  return SendMessageRequest.fromJSON({ message: { messageId: `m-${Math.random().toString(36).slice(2)}`, role: 'ROLE_USER', parts: [{ text }, { data }] } });
+}
+
+const asJson = (result: unknown) => Task.toJSON(result as Task) as Json;
+const stepLines = () => readFileSync(stepLog, 'utf8').split('\n').filter(Boolean);
+
+async function journalStatuses(taskId: string): Promise<string[]> {
+  const events = await readJournal(keel.context.pool, keel.context.sealer, taskId, 0, 100);
+  return events.map((event) => {
+    const response = event.response as Json;
+    if (response.statusUpdate) return `${response.statusUpdate.status.state}${response.statusUpdate.status.message ? `: ${response.statusUpdate.status.message.parts[0].text}` : ''}`;
+    if (response.artifactUpdate) return `artifact ${response.artifactUpdate.artifact.name}`;
+    return 'message';
+  });
+}
+
+async function pathOf(runId: string): Promise<string[]> {
+  const rows = await keel.context.pool.any(sql.type(z.object({ state: z.unknown(), event: z.string() }))`
+    SELECT state, event FROM run_machine_steps WHERE run_id = ${runId} ORDER BY sequence`);
+  return rows.map((row) => JSON.stringify(row.state));
+}
+
+describe('a statechart agent over A2A', () => {
+  it('runs the machine to its final state: steps, status messages, an emitted artifact and the output as the result', async () => {
+    const client = await sdkClient(keel.url, 'order', token);
+    const task = asJson(await client.sendMessage(dataMessage('refund please', { amount: 40 })));
+    expect(task.status.state).toBe('TASK_STATE_COMPLETED');
+    const names = (task.artifacts as Json[]).map((artifact) => artifact.name);
+    expect(names).toContain('receipt');
+    expect(names).toContain('result');
+    expect(names).toContain('answer');
+    const result = (task.artifacts as Json[]).find((artifact) => artifact.name === 'result')!;
+    expect(result.parts[0].data).toEqual({ amount: 40, receipt: 'r-40' });
+    const answer = (task.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!;
+    expect(answer.parts[0].text).toBe('paid 40');
+
+    expect(await journalStatuses(task.id)).toEqual([
+      'TASK_STATE_WORKING',
+      'TASK_STATE_WORKING: Checking the order',
+      'TASK_STATE_WORKING: Paying',
+      'artifact receipt',
+      'artifact result',
+      'artifact answer',
+      'TASK_STATE_COMPLETED',
+    ]);
+    expect(await pathOf(task.id)).toEqual(['"checking"', '"paying"', '"done"']);
+    const run = await keel.context.pool.one(sql.type(z.object({ machine_hash: z.string().nullable(), machine_state: z.unknown() }))`
+      SELECT machine_hash, machine_state FROM runs WHERE id = ${task.id}`);
+    expect(run.machine_hash).toBe(keel.registry.get('order')!.statechart!.hash);
+    expect(run.machine_state).toBe('done');
+    expect(stepLines().filter((line) => line.startsWith(`pay `))).toHaveLength(1);
+  });
+
+  it('asks for input, takes the reply, waits for an approval and goes on when it is given', async () => {
+    const client = await sdkClient(keel.url, 'order', token);
+    const asked = asJson(await client.sendMessage(textMessage('refund my order')));
+    expect(asked.status.state).toBe('TASK_STATE_INPUT_REQUIRED');
+    expect(asked.status.message.parts[0].text).toBe('What is the amount?');
+
+    const reply = SendMessageRequest.fromJSON({
+      message: { messageId: 'reply-1', role: 'ROLE_USER', taskId: asked.id, contextId: asked.contextId, parts: [{ data: { amount: 250 } }] },
+      configuration: { returnImmediately: true },
+    });
+    const waiting = asJson(await client.sendMessage(reply));
+    expect(waiting.id).toBe(asked.id);
+    const suspended = await waitFor(async () => {
+      const read = await readSuspendedRun(keel.context.pool, keel.context.sealer, asked.id, 'waiting_for_approval');
+      return read.ok ? read.view : null;
+    }, 'the run to wait for an approval');
+    expect(suspended.state.pendingApproval?.kind).toBe('tools');
+    expect(suspended.state.pendingApproval?.kind === 'tools' && suspended.state.pendingApproval.calls[0]!.arguments).toEqual({ summary: 'pay 250', amount: 250 });
+    const decided = await decideApproval(keel.context, asked.id, suspended.state.pendingApproval!.digest, true);
+    expect(decided.ok).toBe(true);
+
+    const done = await waitFor(async () => {
+      const task = asJson(await client.getTask({ id: asked.id } as never));
+      return task.status.state === 'TASK_STATE_COMPLETED' ? task : null;
+    }, 'the task to complete');
+    expect((done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('paid 250');
+    expect(await pathOf(asked.id)).toEqual(['"checking"', '"asking"', '"approving"', '"paying"', '"done"']);
+    const statuses = await journalStatuses(asked.id);
+    expect(statuses).toContain('TASK_STATE_INPUT_REQUIRED: What is the amount?');
+    expect(statuses).toContain('TASK_STATE_WORKING: Waiting for an operator');
+  });
+
+  it('a denial ends on the refusing final state', async () => {
+    const client = await sdkClient(keel.url, 'order', token);
+    const sent = asJson(await client.sendMessage(SendMessageRequest.fromJSON({ message: { messageId: 'deny-1', role: 'ROLE_USER', parts: [{ data: { amount: 500 } }] }, configuration: { returnImmediately: true } })));
+    const suspended = await waitFor(async () => {
+      const read = await readSuspendedRun(keel.context.pool, keel.context.sealer, sent.id, 'waiting_for_approval');
+      return read.ok ? read.view : null;
+    }, 'the run to wait for an approval');
+    expect((await decideApproval(keel.context, sent.id, suspended.state.pendingApproval!.digest, false)).ok).toBe(true);
+    const done = await waitFor(async () => {
+      const task = asJson(await client.getTask({ id: sent.id } as never));
+      return task.status.state === 'TASK_STATE_COMPLETED' ? task : null;
+    }, 'the task to complete');
+    expect((done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('not paid: 500 needs approval');
+  });
+
+  it('a delay longer than a few seconds suspends the run until its due time', async () => {
+    const client = await sdkClient(keel.url, 'order', token);
+    const sent = asJson(await client.sendMessage(SendMessageRequest.fromJSON({ message: { messageId: 'wait-1', role: 'ROLE_USER', parts: [{ data: { amount: 10, waitMs: 4000 } }] }, configuration: { returnImmediately: true } })));
+    const waiting = await waitFor(async () => {
+      const row = await keel.context.pool.maybeOne(sql.type(z.object({ status: z.string(), due_in: z.number() }))`
+        SELECT status, extract(epoch FROM available_at - now())::float8 AS due_in FROM runs WHERE id = ${sent.id}`);
+      return row?.status === 'waiting_for_timer' ? row : null;
+    }, 'the run to wait for its timer');
+    expect(waiting.due_in).toBeGreaterThan(1);
+    expect(asJson(await client.getTask({ id: sent.id } as never)).status.state).toBe('TASK_STATE_WORKING');
+    const done = await waitFor(async () => {
+      const task = asJson(await client.getTask({ id: sent.id } as never));
+      return task.status.state === 'TASK_STATE_COMPLETED' ? task : null;
+    }, 'the task to complete after the timer', 20_000);
+    expect((done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('paid 10');
+    expect(await pathOf(sent.id)).toEqual(['"checking"', '"pausing"', '"paying"', '"done"']);
+  });
+});

@@ -1,0 +1,300 @@
+import type { DatabasePool } from 'slonik';
+import type { LoopOutcome, LoopState, PendingApproval, PendingInput } from '../machines/agent-loop.machine.js';
+import { REASONS_BY_TERMINAL_STATUS, type CompletionReason, type TerminationReason } from '../machines/run.machine.js';
+import { turnDigest } from '../machines/turn-digest.js';
+import type { RegisteredAgent } from '../src/agents/agent-registry.js';
+import type { KeelLogger } from '../src/log/logger.js';
+import type { GuardedFetch } from '../src/net/guarded-fetch.js';
+import type { ArtifactEmission, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
+import type { AuditTrail } from '../src/runs/audit-trail.js';
+import type { ChainAnswer, ProviderChain } from '../src/runs/provider-chain.js';
+import { appendRunOutputs, outputFromEmission, type NewRunOutput } from '../src/runs/run-output-repository.js';
+import { announceRunOutputs, appendMachineStep, lockHeldRun, markNonIdempotentCall, saveMachineProgress } from '../src/runs/run-repository.js';
+import type { Sealer } from '../src/sealing/sealer.js';
+import type { StatechartDefinition } from '../src/statecharts/statechart-definition.js';
+import {
+  resultOfOutput,
+  runStatechart,
+  type MachineRecord,
+  type RunningStep,
+  type StatechartHost,
+  type StepOutcome,
+} from '../src/statecharts/statechart-run.js';
+import type { AskApprovalInput, AskInputInput, CallModelInput, CallRemoteAgentInput, CallToolInput, StepMarker } from '../src/statecharts/steps.js';
+import type { ToolResult } from '../src/tools/tool.js';
+
+// A statechart agent's run inside the runs worker (docs/statechart-agents.md): the machine decides
+// (src/statecharts/statechart-run.ts), this host does the I/O of each step and commits each
+// transition under the run's lease. What it returns is an outcome of the same kind as the agent
+// loop's, so the executor settles, suspends or stops it the same way.
+
+/** What a statechart run keeps in its durable state besides the agent loop's fields (whose pending* fields the resume paths read). */
+export type StatechartState = LoopState & { machine?: MachineRecord | null; waiting?: RunningStep | null };
+
+/** What the machine is given as input: the task's message. */
+export type StatechartInput = {
+  text: string;
+  /** The first data part of the message, if any. */
+  data?: unknown;
+  /** The message's parts; files as references (url, name, media type), never their bytes. */
+  parts: unknown[];
+  /** The earlier turns of the context (user and agent messages). */
+  history: { role: 'user' | 'assistant'; content: string }[];
+  taskId: string | null;
+  contextId: string | null;
+  messageId: string | null;
+};
+
+export type StatechartRunDeps = {
+  pool: DatabasePool;
+  sealer: Sealer;
+  runId: string;
+  taskId: string | null;
+  workerId: string;
+  agent: RegisteredAgent;
+  definition: StatechartDefinition;
+  state: StatechartState;
+  audit: AuditTrail;
+  logger: KeelLogger;
+  fetch: GuardedFetch;
+  signal: AbortSignal;
+  providerChain: ProviderChain;
+  checkpoint: () => Promise<{ alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' }>;
+  runTool: (call: ToolCall) => Promise<ToolResult | 'stop'>;
+  /** After a commit that showed something (the projector journals it). */
+  shown: () => void;
+};
+
+export type StatechartRunResult = { outcome: LoopOutcome; state: StatechartState; artifacts: ArtifactEmission[] };
+
+/** The step failed in a way that ends the run with a reason (the provider chain gave up, the budget ran out). */
+type StepFailure = { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string };
+
+/** The machine's input from the run's request (the last user message, with the parts the A2A layer recorded). */
+export function statechartInputOf(state: LoopState): StatechartInput {
+  const metadata = state.requestMetadata ?? {};
+  const conversation = state.transcript.filter((message): message is Extract<TranscriptMessage, { role: 'user' | 'assistant' }> => message.role === 'user' || message.role === 'assistant');
+  const last = conversation.at(-1);
+  const parts = Array.isArray(metadata.parts) ? (metadata.parts as unknown[]) : [{ text: last?.content ?? '' }];
+  const data = parts.find((part): part is { data: unknown } => typeof part === 'object' && part !== null && 'data' in part);
+  return {
+    text: last?.role === 'user' ? (last.content ?? '') : '',
+    ...(data ? { data: data.data } : {}),
+    parts,
+    history: conversation.slice(0, -1).map((message) => ({ role: message.role, content: message.content ?? '' })),
+    taskId: typeof metadata.taskId === 'string' ? metadata.taskId : null,
+    contextId: typeof metadata.contextId === 'string' ? metadata.contextId : null,
+    messageId: typeof metadata.messageId === 'string' ? metadata.messageId : null,
+  };
+}
+
+/** The answer a resumed run brings to the step it waited for: the reply, the decision or the remote outcome. */
+function answerOf(state: StatechartState): { stepId: string; output: unknown } | null {
+  const waiting = state.waiting;
+  const resume = state.resume;
+  if (!waiting || !resume) return null;
+  switch (resume.kind) {
+    case 'input':
+      return { stepId: waiting.id, output: resume.value };
+    case 'approval':
+      return { stepId: waiting.id, output: { approved: resume.approved } };
+    case 'tool_result': {
+      let output: unknown = resume.content;
+      try {
+        output = JSON.parse(resume.content);
+      } catch {
+        // Not JSON: the content as text.
+      }
+      return { stepId: waiting.id, output };
+    }
+  }
+}
+
+const tryJson = (text: string | null): unknown => {
+  if (text === null) return undefined;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+};
+
+export async function runStatechartAgent(deps: StatechartRunDeps): Promise<StatechartRunResult> {
+  const { pool, sealer, runId, workerId, agent, definition, audit } = deps;
+  let state: StatechartState = { ...deps.state };
+  const failures = new Map<string, StepFailure>();
+  /** Non-idempotent steps started in this process whose outcome no commit has taken yet. */
+  const unsettledWrites = new Set<string>();
+  let modelCalls = state.iteration;
+
+  const toolOutcome = (result: ToolResult | 'stop', step: RunningStep, name: string): StepOutcome => {
+    if (result === 'stop') return { kind: 'stop', why: 'lease_lost' };
+    switch (result.kind) {
+      case 'ok':
+        return { kind: 'done', output: result.content };
+      case 'error':
+        return { kind: 'error', error: { message: result.message } };
+      case 'input_required': {
+        const pending: PendingInput = { toolCallId: step.key, toolName: name, prompt: result.prompt, schema: result.schema };
+        return { kind: 'wait', status: 'waiting_for_input', pending };
+      }
+      case 'dependency':
+        return { kind: 'wait', status: 'waiting_for_dependency', pending: { toolCallId: step.key, toolName: name, dependencyId: result.dependencyId } };
+    }
+  };
+
+  const chainFailure = (answer: Exclude<ChainAnswer, { kind: 'reply' }>): StepOutcome => {
+    if (answer.kind === 'stop') return { kind: 'stop', why: answer.why };
+    return { kind: 'error', error: { message: `the model call failed (${answer.reason})`, reason: answer.reason, failure: answer } };
+  };
+
+  async function perform(step: RunningStep, marker: StepMarker, signal: AbortSignal): Promise<StepOutcome> {
+    switch (marker.kind) {
+      case 'callModel': {
+        const input = (step.input ?? {}) as CallModelInput;
+        const budget = agent.config.limits.tokenBudget;
+        if (budget !== undefined && state.inputTokens + state.outputTokens >= budget) {
+          failures.set(step.id, { kind: 'fail', reason: 'budget_exhausted', detail: { step: step.src } });
+          return { kind: 'error', error: { message: 'the token budget is spent', reason: 'budget_exhausted' } };
+        }
+        const system: TranscriptMessage[] = input.system ? [{ role: 'system', content: input.system }] : agent.config.systemPrompt ? [{ role: 'system', content: agent.config.systemPrompt }] : [];
+        const conversation = input.messages ?? state.transcript.filter((message) => message.role !== 'system');
+        const transcript = [...system, ...conversation, ...(input.prompt ? [{ role: 'user' as const, content: input.prompt }] : [])];
+        const answer = await deps.providerChain.call({ iteration: modelCalls, transcript, providerIndex: state.providerIndex, ...(state.requestMetadata ? { requestMetadata: state.requestMetadata } : {}) });
+        modelCalls += 1;
+        if (answer.kind !== 'reply') {
+          if (answer.kind === 'failed') failures.set(step.id, { kind: 'fail', reason: answer.reason, detail: answer.detail, ...(answer.errorClass ? { errorClass: answer.errorClass } : {}) });
+          return chainFailure(answer);
+        }
+        state = {
+          ...state,
+          iteration: modelCalls,
+          providerIndex: answer.providerIndex,
+          inputTokens: state.inputTokens + answer.reply.usage.inputTokens,
+          outputTokens: state.outputTokens + answer.reply.usage.outputTokens,
+        };
+        const text = answer.reply.text;
+        const data = tryJson(text);
+        return { kind: 'done', output: { text, ...(data === undefined ? {} : { data }) } };
+      }
+      case 'callTool': {
+        const input = (step.input ?? {}) as CallToolInput;
+        if (typeof input.tool !== 'string' || !agent.tools.has(input.tool)) {
+          return { kind: 'error', error: { message: `tool ${String(input.tool)} is not one of the agent's tools (${[...agent.tools.keys()].join(', ') || 'none'})` } };
+        }
+        state = { ...state, toolCallCount: state.toolCallCount + 1 };
+        const result = await deps.runTool({ id: step.key, name: input.tool, arguments: input.arguments ?? {} });
+        return toolOutcome(result, step, input.tool);
+      }
+      case 'callRemoteAgent': {
+        const input = (step.input ?? {}) as CallRemoteAgentInput;
+        if (!agent.tools.has('remote_agent')) return { kind: 'error', error: { message: 'callRemoteAgent needs the remote_agent tool in the agent\'s tools' } };
+        state = { ...state, toolCallCount: state.toolCallCount + 1 };
+        const result = await deps.runTool({ id: step.key, name: 'remote_agent', arguments: { agent: input.agent, message: input.message } });
+        return toolOutcome(result, step, 'remote_agent');
+      }
+      case 'askInput': {
+        const input = (step.input ?? {}) as AskInputInput;
+        if (typeof input.prompt !== 'string' || input.prompt === '') return { kind: 'error', error: { message: 'askInput needs a prompt' } };
+        const pending: PendingInput = { toolCallId: step.key, toolName: 'askInput', prompt: input.prompt, schema: input.schema ?? {} };
+        return { kind: 'wait', status: 'waiting_for_input', pending };
+      }
+      case 'askApproval': {
+        const input = (step.input ?? {}) as AskApprovalInput;
+        const calls: ToolCall[] = [{ id: step.key, name: 'askApproval', arguments: { summary: input.summary ?? '', ...(input.details ?? {}) } }];
+        const pending: PendingApproval = { kind: 'tools', calls, digest: '' };
+        return { kind: 'wait', status: 'waiting_for_approval', pending: { ...pending, digest: turnDigest({ ...pending, digest: undefined }) } };
+      }
+      case 'custom': {
+        const effect = marker.effect ?? 'non_idempotent_write';
+        const event = { kind: 'tool_call', meta: { tool: `step:${step.src}`, effect, callId: step.key }, content: { arguments: step.input } };
+        if (effect !== 'read_only') {
+          if (!(await audit.recordNow(pool, event))) return { kind: 'error', error: { message: `step ${step.src} was not run: its audit record could not be stored` } };
+        } else {
+          audit.record(event);
+        }
+        if (effect === 'non_idempotent_write') {
+          unsettledWrites.add(step.key);
+          if (!(await markNonIdempotentCall(pool, runId, workerId, step.key))) return { kind: 'stop', why: 'lease_lost' };
+        }
+        const started = Date.now();
+        try {
+          const output = await marker.run!(step.input as never, { runId, agentId: agent.config.id, stepKey: step.key, fetch: deps.fetch, signal, logger: deps.logger });
+          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'ok', durationMs: Date.now() - started }, content: { result: output } });
+          return { kind: 'done', output: output === undefined ? null : JSON.parse(JSON.stringify(output)) };
+        } catch (error) {
+          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'error', durationMs: Date.now() - started }, content: { error: (error as Error).message } });
+          return { kind: 'error', error: { message: (error as Error).message } };
+        }
+      }
+    }
+  }
+
+  const host: StatechartHost = {
+    perform: (step, marker, signal) => perform(step, marker, signal),
+    checkpoint: deps.checkpoint,
+    commit: async ({ record, value, event, shown }) => {
+      const stillRunning = new Set(record.running.map((step) => step.key));
+      for (const key of unsettledWrites) if (!stillRunning.has(key)) unsettledWrites.delete(key);
+      const mark = unsettledWrites.values().next().value ?? null;
+      const outputs: NewRunOutput[] = [
+        ...shown.statuses.map((text): NewRunOutput => ({ kind: 'status', artifactId: null, append: false, lastChunk: false, content: { parts: [{ text }] } })),
+        ...shown.artifacts.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${record.transitions}-${index}`)),
+      ];
+      const committed = await pool.transaction(async (transaction) => {
+        const held = await lockHeldRun(transaction, runId, workerId);
+        if (!held) return false;
+        if (outputs.length > 0) {
+          if (!(await announceRunOutputs(transaction, runId, workerId))) return false;
+          await appendRunOutputs(transaction, sealer, runId, held.revision + 1, held.answerLevel, outputs);
+        }
+        state = { ...state, machine: record, waiting: null };
+        const saved = await saveMachineProgress(transaction, sealer, runId, workerId, {
+          state,
+          machineHash: record.hash,
+          machineState: value,
+          insideNonIdempotentStep: mark,
+        });
+        if (!saved) return false;
+        await appendMachineStep(transaction, runId, { sequence: record.transitions, state: value, event, machineHash: record.hash });
+        return true;
+      });
+      if (committed && outputs.length > 0) deps.shown();
+      return committed;
+    },
+  };
+
+  const answer = answerOf(state);
+  const record = state.machine ?? null;
+  const result = await runStatechart(definition, { record, input: statechartInputOf(state), answer }, host);
+  // The decision or reply is consumed: a later suspension stores its own.
+  state = { ...state, resume: null, pendingApproval: null, pendingInput: null, pendingDependency: null };
+
+  switch (result.kind) {
+    case 'complete': {
+      const { answer: text, artifacts } = resultOfOutput(result.output);
+      return { outcome: { kind: 'complete', reason: 'completed', answer: text }, state: { ...state, machine: result.record }, artifacts };
+    }
+    case 'fail': {
+      const failed = [...failures.values()][0];
+      if (failed && (result.detail.reason === 'machine_error' || result.detail.reason === 'step_failed')) {
+        if ((REASONS_BY_TERMINAL_STATUS.completed as readonly string[]).includes(failed.reason)) {
+          return { outcome: { kind: 'complete', reason: failed.reason as CompletionReason, answer: null }, state, artifacts: [] };
+        }
+        return { outcome: { kind: 'fail', reason: failed.reason, detail: failed.detail, ...(failed.errorClass ? { errorClass: failed.errorClass } : {}) }, state, artifacts: [] };
+      }
+      return { outcome: { kind: 'fail', reason: 'not_retryable', detail: result.detail }, state, artifacts: [] };
+    }
+    case 'wait': {
+      const waited: StatechartState = { ...state, machine: result.record, waiting: result.step };
+      if (result.status === 'waiting_for_input') waited.pendingInput = result.pending as PendingInput;
+      else if (result.status === 'waiting_for_approval') waited.pendingApproval = result.pending as PendingApproval;
+      else waited.pendingDependency = result.pending as StatechartState['pendingDependency'];
+      return { outcome: { kind: 'suspend', status: result.status }, state: waited, artifacts: [] };
+    }
+    case 'sleep':
+      return { outcome: { kind: 'suspend', status: 'waiting_for_timer', dueAt: result.dueAt }, state: { ...state, machine: result.record, waiting: null }, artifacts: [] };
+    case 'stop':
+      return { outcome: { kind: 'stop', why: result.why }, state, artifacts: [] };
+  }
+}
