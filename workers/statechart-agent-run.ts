@@ -88,15 +88,21 @@ export function statechartInputOf(state: LoopState): StatechartInput {
   };
 }
 
-/** The answer a resumed run brings to the step it waited for: the reply, the decision or the remote outcome. */
-function answerOf(state: StatechartState): { stepId: string; output: unknown } | null {
+/**
+ * The answer a resumed run brings to the step it waited for: the reply, the decision or the remote
+ * outcome. A tool call that waited for its approval gets none when approved (the step runs now)
+ * and an error when denied.
+ */
+function answerOf(state: StatechartState, agent: RegisteredAgent): { stepId: string; output: unknown; error?: unknown } | null {
   const waiting = state.waiting;
   const resume = state.resume;
   if (!waiting || !resume) return null;
+  const toolApproval = resume.kind === 'approval' && state.pendingApproval?.kind === 'tools' && state.pendingApproval.calls.some((call) => call.id === waiting.key && agent.tools.get(call.name)?.needsApproval === true);
   switch (resume.kind) {
     case 'input':
       return { stepId: waiting.id, output: resume.value };
     case 'approval':
+      if (toolApproval) return resume.approved ? null : { stepId: waiting.id, output: null, error: { message: 'an operator did not approve the call', reason: 'approval_denied' } };
       return { stepId: waiting.id, output: { approved: resume.approved } };
     case 'tool_result': {
       let output: unknown = resume.content;
@@ -182,8 +188,14 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         if (typeof input.tool !== 'string' || !agent.tools.has(input.tool)) {
           return { kind: 'error', error: { message: `tool ${String(input.tool)} is not one of the agent's tools (${[...agent.tools.keys()].join(', ') || 'none'})` } };
         }
+        const call: ToolCall = { id: step.key, name: input.tool, arguments: input.arguments ?? {} };
+        if (agent.tools.get(input.tool)!.needsApproval && !approvedCalls.has(step.key)) {
+          // A tool that needs approval waits for an operator's decision on exactly this call; approved, the step runs it.
+          const pending: PendingApproval = { kind: 'tools', calls: [call], digest: '' };
+          return { kind: 'wait', status: 'waiting_for_approval', pending: { ...pending, digest: turnDigest({ ...pending, digest: undefined }) } };
+        }
         state = { ...state, toolCallCount: state.toolCallCount + 1 };
-        const result = await deps.runTool({ id: step.key, name: input.tool, arguments: input.arguments ?? {} });
+        const result = await deps.runTool(call);
         return toolOutcome(result, step, input.tool);
       }
       case 'callRemoteAgent': {
@@ -264,7 +276,11 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     },
   };
 
-  const answer = answerOf(state);
+  const answer = answerOf(state, agent);
+  /** Tool calls an operator approved: the resumed run performs them (the step is still in the record). */
+  const approvedCalls = new Set<string>(
+    answer === null && state.resume?.kind === 'approval' && state.resume.approved && state.waiting ? [state.waiting.key] : [],
+  );
   const record = state.machine ?? null;
   const result = await runStatechart(definition, { record, input: statechartInputOf(state), answer }, host);
   // The decision or reply is consumed: a later suspension stores its own.
@@ -276,6 +292,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
       return { outcome: { kind: 'complete', reason: 'completed', answer: text }, state: { ...state, machine: result.record }, artifacts };
     }
     case 'fail': {
+      if (result.message !== undefined) audit.record({ kind: 'machine_error', meta: result.detail, content: { error: result.message } });
       const failed = [...failures.values()][0];
       if (failed && (result.detail.reason === 'machine_error' || result.detail.reason === 'step_failed')) {
         if ((REASONS_BY_TERMINAL_STATUS.completed as readonly string[]).includes(failed.reason)) {

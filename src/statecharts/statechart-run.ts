@@ -71,7 +71,7 @@ export type StatechartHost = {
 
 export type StatechartResult =
   | { kind: 'complete'; output: unknown; record: MachineRecord }
-  | { kind: 'fail'; detail: Record<string, unknown> }
+  | { kind: 'fail'; detail: Record<string, unknown>; message?: string }
   | { kind: 'wait'; status: WaitStatus; pending: unknown; step: RunningStep; record: MachineRecord }
   | { kind: 'sleep'; dueAt: number; record: MachineRecord }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
@@ -79,8 +79,11 @@ export type StatechartResult =
 export type StatechartStart = {
   record: MachineRecord | null;
   input: unknown;
-  /** The answer to the step the run waited for (a resume), delivered as its done event. */
-  answer: { stepId: string; output: unknown } | null;
+  /**
+   * The answer to the step the run waited for (a resume), delivered as its done event, or as its
+   * error event when `error` is set. Without an answer, a step left in the record runs again.
+   */
+  answer: { stepId: string; output: unknown; error?: unknown } | null;
 };
 
 /** Timers due within this are waited for in the process; later ones suspend the run durably. */
@@ -196,8 +199,9 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
       const answered = start.answer;
       record.running = record.running.filter((step) => step.id !== answered.stepId);
       const current = snapshot;
-      [snapshot, actions] = computed(() => machine.transition(current, doneEvent(answered.stepId, answered.output), scope));
-      eventType = `xstate.done.actor.${answered.stepId}`;
+      const event = answered.error === undefined ? doneEvent(answered.stepId, answered.output) : errorEvent(answered.stepId, answered.error);
+      [snapshot, actions] = computed(() => machine.transition(current, event, scope));
+      eventType = event.type;
     } else {
       actions = [];
       eventType = '';
@@ -280,7 +284,15 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
       if (!(await commit(shown))) return { kind: 'stop', why: 'lease_lost' };
     }
     for (;;) {
-      if (snapshot.status === 'error') return { kind: 'fail', detail: { reason: 'machine_error', error: JSON.stringify(errorValue(snapshot.error)) ?? 'unknown' } };
+      if (snapshot.status === 'error') {
+        // The detail is stored in clear (runs.failure_detail): state names only; the error's text,
+        // which may carry content, goes to the sealed audit trail.
+        return {
+          kind: 'fail',
+          detail: { reason: 'machine_error', state: JSON.stringify(snapshot.value), error: 'a step failed and no transition handles its error' },
+          message: JSON.stringify(errorValue(snapshot.error)) ?? 'unknown',
+        };
+      }
       if (snapshot.status === 'done') return { kind: 'complete', output: snapshot.output, record };
 
       // Steps of the record not performed yet in this process (new ones, or those a crash interrupted).

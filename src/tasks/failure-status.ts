@@ -30,6 +30,11 @@ export function failureText(reason: TerminationReason, failureDetail: Record<str
       return 'the approval this request needs could not be recorded';
     case 'result_not_stored':
       return 'the result could not be stored';
+    // A statechart agent's run (docs/statechart-agents.md).
+    case 'machine_version':
+      return `the agent's machine changed while this task was in flight: its state "${String(failureDetail.state)}" is not in the current version (${String(failureDetail.current)}); the task started with version ${String(failureDetail.startedWith)}`;
+    case 'machine_error':
+      return `the agent's machine stopped: ${String(failureDetail.error)}`;
   }
   return FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`;
 }

@@ -8,6 +8,7 @@ import { createClient } from '../../../src/auth/client-repository.js';
 import { decideApproval, readSuspendedRun } from '../../../src/runs/resume-run.js';
 import { readJournal } from '../../../src/tasks/journal.js';
 import { sdkClient, textMessage } from '../../support/a2a-client.js';
+import { TEST_TOOLS_MODULE } from '../../support/run-helpers.js';
 import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 
@@ -16,6 +17,8 @@ import { waitFor } from '../../support/wait-for.js';
 // durable timer, and the path the run took, committed transition by transition.
 
 const MACHINE = new URL('../../fixtures/statecharts/order.machine.ts', import.meta.url).pathname;
+const ASSISTANT = new URL('../../fixtures/statecharts/assistant.machine.ts', import.meta.url).pathname;
+const emailLog = join(tempDir('keel-statechart-mail-'), 'mail.log');
 const stepLog = join(tempDir('keel-statechart-'), 'steps.log');
 
 let keel: TestKeel;
@@ -28,7 +31,17 @@ beforeAll(async () => {
     overrides: {
       KEEL_PRIVACY_LEVEL: 'full',
       KEEL_MAINTENANCE_SWEEP_SECONDS: '1',
-      KEEL_AGENTS: [{ id: 'order', name: 'Order', machine: MACHINE }],
+      KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
+      KEEL_PROVIDERS: {
+        'plans-lookup': { type: 'scripted', steps: [{ reply: JSON.stringify({ tool: 'lookup', arguments: { key: 'k1' } }) }] },
+        'plans-email': { type: 'scripted', steps: [{ reply: JSON.stringify({ tool: 'send_email', arguments: { to: 'bob', logFile: emailLog } }) }] },
+      },
+      KEEL_AGENTS: [
+        { id: 'order', name: 'Order', machine: MACHINE },
+        { id: 'looks-up', name: 'Looks up', machine: ASSISTANT, provider: 'plans-lookup', tools: ['lookup'] },
+        { id: 'emails', name: 'Emails', machine: ASSISTANT, provider: 'plans-email', tools: ['send_email'] },
+        { id: 'no-provider', name: 'No provider', machine: ASSISTANT, tools: ['lookup'] },
+      ],
     },
   });
   const client = await createClient(keel.context.pool, 'statecharts');
@@ -158,5 +171,48 @@ describe('a statechart agent over A2A', () => {
     }, 'the task to complete after the timer', 20_000);
     expect((done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('paid 10');
     expect(await pathOf(sent.id)).toEqual(['"checking"', '"pausing"', '"paying"', '"done"']);
+  });
+
+  it('callModel asks the provider chain and callTool runs one of the agent\'s tools', async () => {
+    const client = await sdkClient(keel.url, 'looks-up', token);
+    const task = asJson(await client.sendMessage(textMessage('look k1 up')));
+    expect(task.status.state).toBe('TASK_STATE_COMPLETED');
+    expect((task.artifacts as Json[]).find((artifact) => artifact.name === 'result')!.parts[0].data).toEqual({ key: 'k1', value: 42 });
+    expect(await journalStatuses(task.id)).toEqual(['TASK_STATE_WORKING', 'TASK_STATE_WORKING: Planning', 'TASK_STATE_WORKING: Using a tool', 'artifact result', 'artifact answer', 'TASK_STATE_COMPLETED']);
+  });
+
+  it('a tool that needs approval waits for an operator before callTool runs it, and a denial is the step\'s error', async () => {
+    const client = await sdkClient(keel.url, 'emails', token);
+    for (const approved of [true, false]) {
+      writeFileSync(emailLog, '');
+      const sent = asJson(await client.sendMessage(textMessage(`mail bob (${approved})`, { returnImmediately: true })));
+      const suspended = await waitFor(async () => {
+        const read = await readSuspendedRun(keel.context.pool, keel.context.sealer, sent.id, 'waiting_for_approval');
+        return read.ok ? read.view : null;
+      }, 'the tool call to wait for an approval');
+      const pending = suspended.state.pendingApproval;
+      expect(pending?.kind === 'tools' && pending.calls.map((call) => call.name)).toEqual(['send_email']);
+      expect(readFileSync(emailLog, 'utf8')).toBe('');
+      expect((await decideApproval(keel.context, sent.id, pending!.digest, approved)).ok).toBe(true);
+      const done = await waitFor(async () => {
+        const task = asJson(await client.getTask({ id: sent.id } as never));
+        return task.status.state === 'TASK_STATE_COMPLETED' ? task : null;
+      }, 'the task to complete');
+      const answer = (done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text;
+      if (approved) {
+        expect(answer).toBe('done');
+        expect(readFileSync(emailLog, 'utf8')).toBe('sent:bob\n');
+      } else {
+        expect(answer).toBe('failed: an operator did not approve the call');
+        expect(readFileSync(emailLog, 'utf8')).toBe('');
+      }
+    }
+  });
+
+  it('callModel without a provider is the step\'s error, naming what is missing', async () => {
+    const client = await sdkClient(keel.url, 'no-provider', token);
+    const task = asJson(await client.sendMessage(textMessage('plan something')));
+    expect(task.status.state).toBe('TASK_STATE_COMPLETED');
+    expect((task.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toMatch(/^failed: the model call failed/);
   });
 });
