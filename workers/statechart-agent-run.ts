@@ -263,7 +263,8 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         state = { ...state, machine: record, waiting: null };
         const saved = await saveMachineProgress(transaction, sealer, runId, workerId, {
           state,
-          machineHash: record.hash,
+          // The version the run started with (each path row names the version that took it).
+          machineHash: record.startedWith,
           machineState: value,
           insideNonIdempotentStep: mark,
         });

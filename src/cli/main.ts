@@ -6,6 +6,7 @@ import { registerClientsCommands } from './clients-commands.js';
 import { registerDoctorCommand } from './doctor-command.js';
 import { registerKeysCommands } from './keys-commands.js';
 import { registerMigrateCommand } from './migrate-command.js';
+import { registerNewCommand } from './new-command.js';
 import { registerPushCommands } from './push-commands.js';
 import { registerRemoteCommands } from './remote-commands.js';
 import { registerRetentionCommands } from './retention-commands.js';
@@ -30,6 +31,7 @@ export function buildProgram(): Command {
   registerKeysCommands(program, globals);
   registerClientsCommands(program, globals);
   registerAdminCommands(program, globals);
+  registerNewCommand(program, globals);
   program.commands.forEach((command) => command.exitOverride());
   return program;
 }

@@ -131,6 +131,9 @@ export function resultOfOutput(output: unknown): { answer: string | null; artifa
   return { answer: typeof shaped.text === 'string' ? shaped.text : known ? null : JSON.stringify(output), artifacts };
 }
 
+/** A state value as one name: "asking", or JSON for a nested or parallel value. */
+const stateName = (value: unknown): string => (typeof value === 'string' ? value : JSON.stringify(value));
+
 function activeIds(snapshot: AnyMachineSnapshot): Set<string> {
   return new Set((snapshot as unknown as { _nodes: AnyStateNode[] })._nodes.map((node) => node.id));
 }
@@ -191,10 +194,20 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
     try {
       snapshot = machine.restoreSnapshot(stored as never, scope) as AnyMachineSnapshot;
     } catch (error) {
-      return { kind: 'fail', detail: { reason: 'machine_version', state: JSON.stringify(stored.value), startedWith: record.startedWith, current: hash, error: (error as Error).message } };
+      return { kind: 'fail', detail: { reason: 'machine_version', state: stateName(stored.value), startedWith: record.startedWith, current: hash, error: (error as Error).message } };
     }
     record.hash = hash;
     before = activeIds(snapshot);
+    // A step of the record must still be an invoke of a state the run stands in, or its outcome
+    // would reach nothing (an invoke renamed in the new definition): the run cannot go on.
+    const invokes = new Set((snapshot as unknown as { _nodes: AnyStateNode[] })._nodes.flatMap((node) => node.invoke.map((invoke) => invoke.id)));
+    const orphan = [...record.running, ...(start.answer ? [{ id: start.answer.stepId }] : [])].find((step) => !invokes.has(step.id));
+    if (orphan) {
+      return {
+        kind: 'fail',
+        detail: { reason: 'machine_version', state: stateName(stored.value), step: orphan.id, startedWith: record.startedWith, current: hash },
+      };
+    }
     if (start.answer) {
       const answered = start.answer;
       record.running = record.running.filter((step) => step.id !== answered.stepId);
@@ -289,7 +302,7 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
         // which may carry content, goes to the sealed audit trail.
         return {
           kind: 'fail',
-          detail: { reason: 'machine_error', state: JSON.stringify(snapshot.value), error: 'a step failed and no transition handles its error' },
+          detail: { reason: 'machine_error', state: stateName(snapshot.value), error: 'a step failed and no transition handles its error' },
           message: JSON.stringify(errorValue(snapshot.error)) ?? 'unknown',
         };
       }

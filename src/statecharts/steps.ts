@@ -36,9 +36,9 @@ export type StepMarker = {
   run?: (input: never, context: StepContext) => Promise<unknown>;
 };
 
-type Marked<TOutput, TInput> = PromiseActorLogic<TOutput, TInput> & { [KEEL_STEP]: StepMarker };
-
-function keelStep<TOutput, TInput>(marker: StepMarker): Marked<TOutput, TInput> {
+// Typed as plain promise logic (the marker is read at run time), so a unit test may put a
+// fromPromise stand-in in its place with machine.provide({ actors }).
+function keelStep<TOutput, TInput>(marker: StepMarker): PromiseActorLogic<TOutput, TInput> {
   const logic = fromPromise<TOutput, TInput>(async () => {
     throw new Error(`the Keel step ${marker.kind} runs only inside a Keel run; in a unit test, provide the actor with machine.provide({ actors })`);
   });
@@ -95,7 +95,7 @@ export const callRemoteAgent = keelStep<CallRemoteAgentOutput, CallRemoteAgentIn
  * A step of the agent's own: `run` does the work (an HTTP call, a database write) and declares its
  * effect. Its output must be JSON (it is committed with the machine's snapshot).
  */
-export function defineStep<TInput, TOutput>(definition: { effect: StepEffect; run: (input: TInput, context: StepContext) => Promise<TOutput> }): Marked<TOutput, TInput> {
+export function defineStep<TInput, TOutput>(definition: { effect: StepEffect; run: (input: TInput, context: StepContext) => Promise<TOutput> }): PromiseActorLogic<TOutput, TInput> {
   return keelStep<TOutput, TInput>({ kind: 'custom', effect: definition.effect, run: definition.run as StepMarker['run'] });
 }
 
