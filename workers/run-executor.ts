@@ -18,7 +18,7 @@ import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
-import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
+import type { ArtifactEmission, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun, failHeldRun, type CompletionInput, type CompletionResult, type FailureInput, type JournaledEnd } from '../src/tasks/complete-run.js';
 import type { CompletionBatch } from '../src/tasks/completion-batch.js';
@@ -563,10 +563,8 @@ export function createRunExecutor(
         throw error;
       }
       lease.stop();
-      if (ran.outcome.kind === 'complete' && ran.artifacts.length > 0 && !(await storeArtifacts(ran.state.iteration, ran.artifacts))) {
-        return settleOutcome({ kind: 'stop', why: lease.loss ?? 'lease_lost' }, ran.state);
-      }
-      return settleOutcome(ran.outcome, ran.state);
+      // The output's artifacts are part of the result: the completion transaction stores them.
+      return settleOutcome(ran.outcome, ran.state, ran.artifacts);
     }
 
     const steps: MachineSteps<typeof agentLoopMachine> = {
@@ -592,7 +590,8 @@ export function createRunExecutor(
     }
     return settleOutcome(outcome, finalState);
 
-    async function settleOutcome(result: LoopOutcome, state: LoopState): Promise<ExecutionReport> {
+    /** `resultArtifacts`: artifacts of the result (a statechart's output), written by the completion transaction. */
+    async function settleOutcome(result: LoopOutcome, state: LoopState, resultArtifacts: readonly ArtifactEmission[] = []): Promise<ExecutionReport> {
       const totals = totalsOf(state);
       switch (result.kind) {
         case 'stop':
@@ -612,11 +611,19 @@ export function createRunExecutor(
           const taskId = run!.task_id;
           const settled = await settleEnd(runId, taskId, () =>
             complete({
-              beforeSettle: (transaction) => audit.flushWithin(transaction),
+              beforeSettle: async (transaction) => {
+                await audit.flushWithin(transaction);
+                if (resultArtifacts.length === 0) return;
+                // Under the completion's lock, at the revision its settle reaches.
+                const held = await lockHeldRun(transaction, runId, workerId);
+                if (!held) return;
+                const outputs = resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`));
+                await appendRunOutputs(transaction, sealer, runId, held.revision + 1, held.answerLevel, outputs);
+              },
               takeAuditInsert: () => audit.takeUnrefusableInsert(),
               rolledBack: () => audit.restoreTaken(),
               taskId,
-              hasOutputs: storedOutputs > 0,
+              hasOutputs: storedOutputs > 0 || resultArtifacts.length > 0,
               runId,
               workerId,
               reason: result.reason,
