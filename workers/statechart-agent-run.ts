@@ -219,6 +219,8 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
       }
       case 'custom': {
         const effect = marker.effect ?? 'non_idempotent_write';
+        // A step of the agent's own counts as a tool call in the run's totals.
+        state = { ...state, toolCallCount: state.toolCallCount + 1 };
         const event = { kind: 'tool_call', meta: { tool: `step:${step.src}`, effect, callId: step.key }, content: { arguments: step.input } };
         if (effect !== 'read_only') {
           if (!(await audit.recordNow(pool, event))) return { kind: 'error', error: { message: `step ${step.src} was not run: its audit record could not be stored` } };

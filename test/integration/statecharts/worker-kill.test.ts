@@ -9,6 +9,7 @@ import { z } from 'zod';
 import { createClient } from '../../../src/auth/client-repository.js';
 import { listRunEvents, type RunEventRow } from '../../../src/runs/run-event-repository.js';
 import { getRun } from '../../../src/runs/run-repository.js';
+import { readJournal } from '../../../src/tasks/journal.js';
 import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-key.js';
 import { sdkClient } from '../../support/a2a-client.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
@@ -212,11 +213,31 @@ describe(`a statechart agent's worker SIGKILLed mid-run on the ${QUEUE} queue ba
     // The path: one row per committed transition, none repeated by the resume.
     expect((await pathOf(pool, runId)).map((step) => step.state)).toEqual(['"checking"', '"paying"', '"done"']);
 
-    // The audit trail: two claims; check's call once, pay's twice (one per attempt), pay's result once.
+    // The audit trail: the child's claim and the replacement's; check's call once, pay's twice (one per attempt), pay's result once.
     const events = await listRunEvents(pool, runId);
-    expect(eventsOf(events, 'claimed')).toHaveLength(2);
+    expect(eventsOf(events, 'claimed').map((event) => event.payload)).toMatchObject([{ requeues: 0 }]);
+    expect(eventsOf(events, 'resumed').map((event) => event.payload)).toMatchObject([{ worker: keel.context.workerId, requeues: 1 }]);
     expect(eventsOf(events, 'tool_call').map(toolOf)).toEqual(['step:check', 'step:pay', 'step:pay']);
     expect(eventsOf(events, 'tool_result').map(toolOf)).toEqual(['step:check', 'step:pay']);
+
+    // The journal: what the child committed (the status messages) is shown once, nothing twice.
+    const journal = await readJournal(pool, keel.context.sealer, runId, 0, 100);
+    expect(
+      journal.map((event) => {
+        const response = event.response as Json;
+        if (response.statusUpdate) return `${response.statusUpdate.status.state}${response.statusUpdate.status.message ? `: ${response.statusUpdate.status.message.parts[0].text}` : ''}`;
+        if (response.artifactUpdate) return `artifact ${response.artifactUpdate.artifact.name}`;
+        return 'message';
+      }),
+    ).toEqual([
+      'TASK_STATE_WORKING',
+      'TASK_STATE_WORKING: Checking the order',
+      'TASK_STATE_WORKING: Paying',
+      'artifact receipt',
+      'artifact result',
+      'artifact answer',
+      'TASK_STATE_COMPLETED',
+    ]);
 
     // What the client sees.
     const client = await sdkClient(keel.url, 'order', scenario.token);
@@ -275,6 +296,7 @@ describe(`a statechart agent's worker SIGKILLed mid-run on the ${QUEUE} queue ba
     expect(linesOf(scenario.stepLog, 'check')).toHaveLength(1);
     const events = await listRunEvents(pool, runId);
     expect(eventsOf(events, 'claimed')).toHaveLength(1);
+    expect(eventsOf(events, 'resumed')).toHaveLength(0);
     expect(eventsOf(events, 'tool_call').map(toolOf)).toEqual(['step:check', 'step:charge']);
     expect((await pathOf(pool, runId)).map((step) => step.state)).toEqual(['"checking"', '"charging"']);
 
