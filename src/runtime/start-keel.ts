@@ -36,6 +36,7 @@ import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../a
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor } from '../push/delivery-options.js';
 import type { KeelContext } from '../context/keel-context.js';
+import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
@@ -125,6 +126,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const migrated = await migrate(database.url).catch((error: Error) => ({ ok: false as const, message: error.message }));
   if (!migrated.ok) return fail('migrate', migrated.message);
   if (migrated.applied.length > 0) logger.info({ applied: migrated.applied }, 'migrations applied');
+  // Every definition a run may have started with stays comparable (`keel machines diff`).
+  const recorded = await recordMachineDefinitions(database.pool, registry).then(() => null, (error: Error) => error);
+  if (recorded) return fail('database', `cannot record the statechart agents' machine definitions: ${recorded.message}`);
 
   const sealing = await prepareSealing(database.pool, config.security.masterKeyFile, env);
   if (!sealing.ok) return fail('master key', sealing.message);
@@ -232,7 +236,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, ui: role !== 'worker', inProcessMetrics: [hotPath.registry] });
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry] });
   let grpc: GrpcServer | null = null;
   if (role !== 'worker') {
     const service = new A2AService({

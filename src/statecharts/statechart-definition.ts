@@ -3,6 +3,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { AnyStateMachine, AnyStateNode } from 'xstate';
 import { canonicalJson } from '../../machines/turn-digest.js';
+import { definitionJson, stateNodesOf } from './definition-graph.js';
 import { stepMarkerOf, type StepMarker } from './steps.js';
 
 // A statechart agent's machine as Keel loads it at start (docs/statechart-agents.md): the module
@@ -35,16 +36,15 @@ function isMachine(value: unknown): value is AnyStateMachine {
   );
 }
 
-/** The hash of a machine's definition: the same definition always hashes the same, a changed one differently. */
+/**
+ * The hash of a machine's definition as Keel stores it (definitionJson: eventless transitions and
+ * inline guards included): the same definition always hashes the same, a changed one differently.
+ */
 export function definitionHash(machine: AnyStateMachine): string {
-  const json = JSON.parse(JSON.stringify(machine.definition)) as unknown;
-  return createHash('sha256').update(canonicalJson(json)).digest('hex').slice(0, 16);
+  return createHash('sha256').update(canonicalJson(definitionJson(machine))).digest('hex').slice(0, 16);
 }
 
-/** Every state node of a machine, the root included. */
-export function stateNodesOf(node: AnyStateNode): AnyStateNode[] {
-  return [node, ...Object.values(node.states).flatMap((child) => stateNodesOf(child))];
-}
+export { stateNodesOf };
 
 /** Checks a machine can run as a statechart agent; returns its steps by actor name, or the reasons it cannot. */
 export function checkStatechart(machine: AnyStateMachine, where: string): { ok: true; steps: Map<string, StepMarker> } | { ok: false; problems: string[] } {

@@ -103,9 +103,9 @@ const SCRIPT = `
       if (machine) setCount(el, machine[el.getAttribute('data-state')]);
     });
     document.querySelectorAll('[data-count-for]').forEach(function (el) {
-      var parts = el.getAttribute('data-count-for').split(':');
-      var machine = counts[parts[0]];
-      if (machine) { var value = machine[parts[1]]; el.textContent = value === null || value === undefined ? '\\u2013' : String(value); }
+      var key = el.getAttribute('data-count-for'), at = key.indexOf(':');
+      var machine = counts[key.slice(0, at)];
+      if (machine) { var value = machine[key.slice(at + 1)]; el.textContent = value === null || value === undefined ? '\\u2013' : String(value); }
     });
     var badges = data.badges || {};
     document.querySelectorAll('[data-badge]').forEach(function (el) {

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import type { DatabasePool } from 'slonik';
+import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
 import { registerMetrics } from '../metrics/keel-metrics.js';
@@ -17,6 +18,8 @@ export type OperatorSurfaceDeps = {
   queues: KeelQueues;
   config: KeelConfig;
   logger: KeelLogger;
+  /** The agents: the UI draws the statechart agents' machines. */
+  registry?: Pick<AgentRegistry, 'agents'>;
   /** Serve the web UI (false for `--role worker`, which serves /metrics only). */
   ui: boolean;
   /** In-process metrics to render with /metrics (the hot path's). */

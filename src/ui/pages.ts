@@ -4,6 +4,8 @@ import type { PushConfigSummary } from '../push/push-admin.js';
 import { maskCredential } from '../push/push-admin.js';
 import type { RunEventRow } from '../runs/run-event-repository.js';
 import type { RunRow } from '../runs/run-row.js';
+import { agentMachinesContent, runMachineContent } from './agent-pages.js';
+import type { AgentMachine, RunMachineView } from './agent-machines.js';
 import { formatTime, html, queryString, raw, type Html } from './html.js';
 import { pill } from './layout.js';
 import type { CatalogEntry } from './machine-catalog.js';
@@ -48,7 +50,11 @@ ${error ? html`<div class="flash error" role="alert">${error}</div>` : ''}
 // Machines
 // ---------------------------------------------------------------------------------------------
 
-export function machinesContent(catalog: readonly CatalogEntry[], counts: Record<string, Record<string, number | null>>): Html {
+export function machinesContent(
+  catalog: readonly CatalogEntry[],
+  counts: Record<string, Record<string, number | null>>,
+  agents: { machines: readonly AgentMachine[]; counts: Record<string, Record<string, number>> } = { machines: [], counts: {} },
+): Html {
   return html`<h1>Machines</h1>
 <p class="muted">Each lifecycle drawn from its XState definition in <code>machines/</code>, with the number of rows in each state now.
 Click a state to list its rows. Dashed edges lead back to an earlier state; italic labels are guarded transitions.</p>
@@ -77,7 +83,8 @@ ${catalog.map((entry) => {
   </details>
 </section>`;
 })}
-</div>`;
+</div>
+${agentMachinesContent(agents.machines, agents.counts)}`;
 }
 
 export function stateRowsContent(entry: CatalogEntry, state: string, list: RowList | null, limit: number): Html {
@@ -164,6 +171,8 @@ export type RunPageData = {
     ended_at: number | null;
   }[];
   pending: PendingView | null;
+  /** A statechart agent's run: its machine, the path it took and where it stands. */
+  machine?: RunMachineView | null;
 };
 
 export function runContent(data: RunPageData, csrf: string): Html {
@@ -203,6 +212,7 @@ export function runContent(data: RunPageData, csrf: string): Html {
 <h1>Run <span class="mono">${run.id}</span></h1>
 ${pendingSection}
 <dl class="facts">${facts.map(([key, value]) => html`<dt>${key}</dt><dd>${value}</dd>`)}</dl>
+${data.machine ? runMachineContent(data.machine, run.agent) : ''}
 <h2>Task</h2>
 ${task
     ? html`<dl class="facts">

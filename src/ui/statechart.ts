@@ -1,6 +1,7 @@
 import dagre, { type EdgeLabel, type GraphLabel, type NodeLabel } from '@dagrejs/dagre';
 import type { AnyStateMachine } from 'xstate';
 import { finalStates, machineEdges, machineStates, type MachineEdge } from '../../machines/transitions.js';
+import { ANY_STATE, graphOfMachine, type DefinitionGraph, type StateKind } from '../statecharts/definition-graph.js';
 import { escapeHtml } from './html.js';
 
 // Diagrams of the statecharts, generated from their XState definitions (machineStates,
@@ -10,11 +11,55 @@ import { escapeHtml } from './html.js';
 // The SVG layout is dagre's (a layered, Sugiyama-style layout, left to right; each edge label is a
 // node of its own): docs/decisions/0018-maintained-libraries-for-ranges-layout-and-logs.md says why
 // it replaced a home-made one. The text is monospace, so widths are known without font metrics.
+//
+// A lifecycle machine of machines/ is flat: its states and the events between them. A statechart
+// agent's machine may nest states and invoke steps: it is drawn from its definition graph
+// (src/statecharts/definition-graph.ts), every state named by its path ("review.asking"), a
+// compound state leading to its initial child by a dotted edge, and transitions labelled as an
+// operator reads them (done(step), after(10s), always).
 
-export type StateModel = { name: string; final: boolean; description: string | null };
-export type MachineModel = { id: string; initial: string | null; states: StateModel[]; edges: MachineEdge[] };
+export type StateModel = {
+  name: string;
+  final: boolean;
+  description: string | null;
+  /** A nested machine's state kind; "any" is the pseudo-state of transitions on the machine itself. */
+  kind?: StateKind | 'any';
+};
+/** A transition; `label` is what is drawn when it differs from the event type, `nest` marks a compound state's edge to its initial child. */
+export type EdgeModel = MachineEdge & { label?: string; nest?: boolean };
+export type MachineModel = { id: string; initial: string | null; states: StateModel[]; edges: EdgeModel[] };
 
+const labelOf = (edge: EdgeModel) => edge.label ?? edge.event;
+
+/** Whether a machine is more than flat states and events (nested states, invoked steps, delays, eventless transitions). */
+function isNested(machine: AnyStateMachine): boolean {
+  return Object.values(machine.root.states).some(
+    (node) => Object.keys(node.states).length > 0 || node.invoke.length > 0 || node.after.length > 0 || (node.always?.length ?? 0) > 0,
+  );
+}
+
+/** The model of a definition graph (a statechart agent's machine, current or stored). */
+export function describeGraph(graph: DefinitionGraph, id: string = graph.id): MachineModel {
+  const states: StateModel[] = graph.states.map((state) => ({
+    name: state.path,
+    final: state.kind === 'final',
+    description: state.description ?? (state.status ? `status "${state.status}"` : null),
+    kind: state.kind,
+  }));
+  if (graph.edges.some((edge) => edge.from === ANY_STATE)) {
+    states.unshift({ name: ANY_STATE, final: false, description: 'any state: the transitions of the machine itself', kind: 'any' });
+  }
+  return {
+    id,
+    initial: graph.initial,
+    states,
+    edges: graph.edges.map((edge) => ({ from: edge.from, to: edge.to, event: edge.event, guarded: edge.guarded, label: edge.label, nest: edge.nest })),
+  };
+}
+
+/** The model of any machine: a flat lifecycle machine as its states and events, a nested one from its definition graph. */
 export function describeMachine(machine: AnyStateMachine): MachineModel {
+  if (isNested(machine)) return describeGraph(graphOfMachine(machine), machine.id);
   const finals = new Set(finalStates(machine));
   const nodes = machine.root.states as Record<string, { description?: string }>;
   const initial = (machine.config as { initial?: unknown }).initial;
@@ -30,14 +75,18 @@ export function describeMachine(machine: AnyStateMachine): MachineModel {
 // Mermaid
 // ---------------------------------------------------------------------------------------------
 
+/** A state's Mermaid id: its name where Mermaid takes it as is, else a sanitized one declared with the name as its label. */
+const mermaidId = (name: string) => (name === ANY_STATE ? 'any_state' : /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) ? name : `s_${name.replace(/[^A-Za-z0-9_]/g, '_')}`);
+
 export function toMermaid(model: MachineModel): string {
   const lines = ['stateDiagram-v2', '  direction LR'];
+  for (const state of model.states) if (mermaidId(state.name) !== state.name) lines.push(`  state "${state.name.replace(/"/g, "'")}" as ${mermaidId(state.name)}`);
   for (const state of model.states) if (state.description) lines.push(`  %% ${state.name}: ${state.description.replace(/\s+/g, ' ')}`);
-  if (model.initial) lines.push(`  [*] --> ${model.initial}`);
-  for (const edge of model.edges) lines.push(`  ${edge.from} --> ${edge.to} : ${edge.event}${edge.guarded ? ' [guarded]' : ''}`);
+  if (model.initial) lines.push(`  [*] --> ${mermaidId(model.initial)}`);
+  for (const edge of model.edges) lines.push(`  ${mermaidId(edge.from)} --> ${mermaidId(edge.to)} : ${labelOf(edge)}${edge.guarded ? ' [guarded]' : ''}`);
   for (const state of model.states) {
-    if (state.final) lines.push(`  ${state.name} --> [*]`);
-    else if (state.name !== model.initial && !model.edges.some((edge) => edge.from === state.name || edge.to === state.name)) lines.push(`  ${state.name}`);
+    if (state.final) lines.push(`  ${mermaidId(state.name)} --> [*]`);
+    else if (state.name !== model.initial && !model.edges.some((edge) => edge.from === state.name || edge.to === state.name)) lines.push(`  ${mermaidId(state.name)}`);
   }
   return lines.join('\n');
 }
@@ -74,7 +123,7 @@ export type LayoutItem = {
 };
 
 /** The transitions from one state to another, drawn as one edge through `points`. */
-type Route = { from: string; to: string; events: string[]; guarded: boolean; back: boolean; points: Point[] };
+type Route = { from: string; to: string; events: string[]; guarded: boolean; back: boolean; points: Point[]; nest: boolean };
 type SelfLoop = { state: string; events: string[]; guarded: boolean };
 
 export type Layout = {
@@ -90,17 +139,19 @@ export function layoutMachine(model: MachineModel): Layout {
   const routesByKey = new Map<string, Route>();
   const loops = new Map<string, SelfLoop>();
   for (const edge of model.edges) {
+    const label = labelOf(edge);
     if (edge.from === edge.to) {
       const loop = loops.get(edge.from) ?? { state: edge.from, events: [], guarded: false };
-      if (!loop.events.includes(edge.event)) loop.events.push(edge.event);
+      if (!loop.events.includes(label)) loop.events.push(label);
       loop.guarded ||= edge.guarded;
       loops.set(edge.from, loop);
       continue;
     }
     const key = `${edge.from}\u0000${edge.to}`;
-    const route = routesByKey.get(key) ?? { from: edge.from, to: edge.to, events: [], guarded: false, back: false, points: [] };
-    if (!route.events.includes(edge.event)) route.events.push(edge.event);
+    const route = routesByKey.get(key) ?? { from: edge.from, to: edge.to, events: [], guarded: false, back: false, points: [], nest: true };
+    if (!route.events.includes(label)) route.events.push(label);
     route.guarded ||= edge.guarded;
+    route.nest &&= edge.nest === true;
     routesByKey.set(key, route);
   }
   const routes = [...routesByKey.values()];
@@ -160,6 +211,8 @@ export type SvgOptions = {
   hrefFor?: (state: string) => string;
   /** Prefix for ids inside the SVG (several diagrams on one page). */
   idPrefix?: string;
+  /** A run's path to highlight: the states it stood in, the transitions it took (by source and target), where it stands now. */
+  path?: { visited: readonly string[]; taken: ReadonlyArray<{ from: string; to: string }>; current: readonly string[] };
 };
 
 const f = (value: number) => Number(value.toFixed(1)).toString();
@@ -183,9 +236,17 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
     `<svg xmlns="http://www.w3.org/2000/svg" class="statechart" role="img" aria-label="${escapeHtml(`statechart of ${model.id}`)}" ` +
       `viewBox="0 0 ${layout.width} ${layout.height}" width="${layout.width}" height="${layout.height}" data-machine="${escapeHtml(model.id)}">`,
   );
+  const taken = new Set((options.path?.taken ?? []).map((edge) => `${edge.from}\u0000${edge.to}`));
+  const visited = new Set(options.path?.visited ?? []);
+  const current = new Set(options.path?.current ?? []);
+  const routeTaken = (route: { from: string; to: string }) => taken.has(`${route.from}\u0000${route.to}`);
   parts.push(
     `<defs><marker id="${id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +
-      `<path d="M0,0 L10,5 L0,10 z" class="arrowhead"/></marker></defs>`,
+      `<path d="M0,0 L10,5 L0,10 z" class="arrowhead"/></marker>` +
+      (options.path
+        ? `<marker id="${id}-arrow-taken" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" class="arrowhead taken"/></marker>`
+        : '') +
+      `</defs>`,
   );
   const stateBox = (name: string) => {
     const item = layout.items.get(`s:${name}`)!;
@@ -228,48 +289,65 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   layout.routes.forEach((route, index) => {
     const points = [ports.get(`${index}:start`)!, ...route.points.slice(1, -1), ports.get(`${index}:end`)!];
     const title = `${route.from} → ${route.to}: ${route.events.join(', ')}${route.guarded ? ' (guarded)' : ''}`;
+    const isTaken = routeTaken(route);
     parts.push(
-      `<path class="edge${route.back ? ' back' : ''}" d="${curveThrough(points)}" marker-end="url(#${id}-arrow)"><title>${escapeHtml(title)}</title></path>`,
+      `<path class="edge${route.back ? ' back' : ''}${route.nest ? ' nest' : ''}${isTaken ? ' taken' : ''}" data-from="${escapeHtml(route.from)}" data-to="${escapeHtml(route.to)}" ` +
+        `d="${curveThrough(points)}" marker-end="url(#${id}-arrow${isTaken ? '-taken' : ''})"><title>${escapeHtml(title)}</title></path>`,
     );
   });
   for (const item of layout.items.values()) {
     if (item.kind !== 'label') continue;
+    const route = layout.routes[Number(item.key.slice(2))];
     parts.push(
-      `<g class="edge-label${item.guarded ? ' guarded' : ''}"><rect x="${f(item.x - item.width / 2)}" y="${f(item.y - LABEL_HEIGHT / 2)}" width="${f(item.width)}" height="${LABEL_HEIGHT}" rx="3"/>` +
+      `<g class="edge-label${item.guarded ? ' guarded' : ''}${route?.nest ? ' nest' : ''}${route && routeTaken(route) ? ' taken' : ''}"><rect x="${f(item.x - item.width / 2)}" y="${f(item.y - LABEL_HEIGHT / 2)}" width="${f(item.width)}" height="${LABEL_HEIGHT}" rx="3"/>` +
         `<text x="${f(item.x)}" y="${f(item.y + 3.5)}" text-anchor="middle">${escapeHtml(item.text ?? '')}</text></g>`,
     );
   }
   for (const loop of layout.loops) {
     const box = stateBox(loop.state);
     const spread = Math.min(18, box.width / 4);
+    const isTaken = routeTaken({ from: loop.state, to: loop.state });
     parts.push(
-      `<path class="edge loop" d="M${f(box.cx - spread)},${f(box.top)} C${f(box.cx - spread - 10)},${f(box.top - 24)} ${f(box.cx + spread + 10)},${f(box.top - 24)} ${f(box.cx + spread)},${f(box.top - 1)}" marker-end="url(#${id}-arrow)"><title>${escapeHtml(`${loop.state} → ${loop.state}: ${loop.events.join(', ')}`)}</title></path>`,
-      `<g class="edge-label${loop.guarded ? ' guarded' : ''}"><text x="${f(box.cx)}" y="${f(box.top - 22)}" text-anchor="middle">${escapeHtml(loop.events.join(', '))}</text></g>`,
+      `<path class="edge loop${isTaken ? ' taken' : ''}" data-from="${escapeHtml(loop.state)}" data-to="${escapeHtml(loop.state)}" d="M${f(box.cx - spread)},${f(box.top)} C${f(box.cx - spread - 10)},${f(box.top - 24)} ${f(box.cx + spread + 10)},${f(box.top - 24)} ${f(box.cx + spread)},${f(box.top - 1)}" marker-end="url(#${id}-arrow${isTaken ? '-taken' : ''})"><title>${escapeHtml(`${loop.state} → ${loop.state}: ${loop.events.join(', ')}`)}</title></path>`,
+      `<g class="edge-label${loop.guarded ? ' guarded' : ''}${isTaken ? ' taken' : ''}"><text x="${f(box.cx)}" y="${f(box.top - 22)}" text-anchor="middle">${escapeHtml(loop.events.join(', '))}</text></g>`,
     );
   }
   if (model.initial && layout.items.has(`s:${model.initial}`)) {
     const box = stateBox(model.initial);
+    // A run's path starts at the initial state.
+    const started = visited.has(model.initial);
     parts.push(
       `<circle class="initial" cx="${f(box.left - INITIAL_SPACE + 6)}" cy="${f(box.cy)}" r="5"/>` +
-        `<path class="edge" d="M${f(box.left - INITIAL_SPACE + 11)},${f(box.cy)} L${f(box.left - 1)},${f(box.cy)}" marker-end="url(#${id}-arrow)"/>`,
+        `<path class="edge${started ? ' taken' : ''}" d="M${f(box.left - INITIAL_SPACE + 11)},${f(box.cy)} L${f(box.left - 1)},${f(box.cy)}" marker-end="url(#${id}-arrow${started ? '-taken' : ''})"/>`,
     );
   }
   for (const state of model.states) {
     const box = stateBox(state.name);
-    const count = options.counts === undefined || options.counts === null ? undefined : options.counts[state.name];
+    // The pseudo-state of the machine's own transitions is no state a row stands in: no count, no link, not counted live.
+    const pseudo = state.kind === 'any';
+    const count = pseudo || options.counts === undefined || options.counts === null ? undefined : options.counts[state.name];
     const hasCount = count !== undefined;
     const busy = typeof count === 'number' && count > 0;
-    const title = `${state.name}${state.final ? ' (final)' : ''}${state.description ? `: ${state.description}` : ''}`;
+    const kindText = state.kind === 'compound' || state.kind === 'parallel' || state.kind === 'history' ? ` (${state.kind})` : '';
+    const title = `${state.name}${state.final ? ' (final)' : kindText}${state.description ? `: ${state.description}` : ''}`;
     const nameY = hasCount ? box.cy - 4 : box.cy + 4;
+    const classes = [
+      'state',
+      ...(state.final ? ['final'] : []),
+      ...(state.kind && state.kind !== 'atomic' && state.kind !== 'final' ? [state.kind] : []),
+      ...(busy ? ['busy'] : []),
+      ...(visited.has(state.name) ? ['visited'] : []),
+      ...(current.has(state.name) ? ['current'] : []),
+    ].join(' ');
     let group =
-      `<g class="state${state.final ? ' final' : ''}${busy ? ' busy' : ''}" data-machine="${escapeHtml(model.id)}" data-state="${escapeHtml(state.name)}"${hasCount ? ` data-count="${count === null ? '' : count}"` : ''}>` +
+      `<g class="${classes}"${pseudo ? '' : ` data-machine="${escapeHtml(model.id)}"`} data-state="${escapeHtml(state.name)}"${hasCount ? ` data-count="${count === null ? '' : count}"` : ''}>` +
       `<title>${escapeHtml(title)}</title>` +
       `<rect class="box" x="${f(box.left)}" y="${f(box.top)}" width="${f(box.width)}" height="${STATE_HEIGHT}" rx="9"/>` +
       (state.final ? `<rect class="inner" x="${f(box.left + 3)}" y="${f(box.top + 3)}" width="${f(box.width - 6)}" height="${STATE_HEIGHT - 6}" rx="7"/>` : '') +
       `<text class="name" x="${f(box.cx)}" y="${f(nameY)}" text-anchor="middle">${escapeHtml(state.name)}</text>` +
       (hasCount ? `<text class="count" x="${f(box.cx)}" y="${f(box.cy + 13)}" text-anchor="middle">${count === null ? '–' : count}</text>` : '') +
       `</g>`;
-    if (options.hrefFor) group = `<a href="${escapeHtml(options.hrefFor(state.name))}" class="state-link">${group}</a>`;
+    if (options.hrefFor && !pseudo) group = `<a href="${escapeHtml(options.hrefFor(state.name))}" class="state-link">${group}</a>`;
     parts.push(group);
   }
   parts.push('</svg>');
@@ -293,6 +371,15 @@ svg.statechart .state.busy .box { fill: #e3efff; stroke: #2a63c7; }
 svg.statechart .state .name { font-size: ${STATE_FONT}px; font-weight: bold; fill: #1f2733; }
 svg.statechart .state .count { font-size: ${STATE_FONT}px; fill: #2a63c7; }
 svg.statechart a.state-link:hover .box, svg.statechart a.state-link:focus .box { stroke: #2a63c7; stroke-width: 2; }
+svg.statechart .state.compound .box, svg.statechart .state.parallel .box { stroke-dasharray: 5 2; fill: #fbfcfd; }
+svg.statechart .state.any .box { fill: none; stroke-dasharray: 2 2; }
+svg.statechart .edge.nest { stroke-dasharray: 1.5 3; }
+svg.statechart .edge-label.nest text { fill: #8a93a2; }
+svg.statechart .state.visited .box { fill: #e3f3e8; stroke: #2f8a4c; }
+svg.statechart .state.current .box { fill: #fff0d4; stroke: #d9822b; stroke-width: 2.6; }
+svg.statechart .edge.taken { stroke: #2f8a4c; stroke-width: 2.4; stroke-dasharray: none; }
+svg.statechart .arrowhead.taken { fill: #2f8a4c; }
+svg.statechart .edge-label.taken text { fill: #1d6b34; font-weight: bold; }
 `;
 
 /** A standalone SVG file (the CLI's `--format svg`). */

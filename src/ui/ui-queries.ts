@@ -138,7 +138,9 @@ export async function runVersion(db: CommonQueryMethods, runId: string): Promise
   return db.maybeOneFirst(sql.type(z.object({ version: z.string() }))`
     SELECT concat_ws(':', r.revision, r.status, t.projected_revision, t.last_sequence,
       (SELECT count(*) || '-' || coalesce(sum(d.attempts), 0) || '-' || count(*) FILTER (WHERE d.state <> 'pending') FROM push_deliveries d WHERE d.task_id = r.task_id),
-      (SELECT count(*) FROM run_events e WHERE e.run_id = r.id)) AS version
+      (SELECT count(*) FROM run_events e WHERE e.run_id = r.id),
+      -- A statechart agent's transition changes no revision: its path and state are read too.
+      (SELECT count(*) FROM run_machine_steps s WHERE s.run_id = r.id), r.machine_state) AS version
     FROM runs r LEFT JOIN a2a_tasks t ON t.id = r.task_id WHERE r.id = ${runId}`);
 }
 
@@ -211,4 +213,13 @@ export async function dependencyOverview(
     db.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM inbox_callbacks WHERE processed_at IS NULL`),
   ]);
   return { present: true, open, resolved, callbacks, pendingCallbacks };
+}
+
+const machineStep = z.object({ sequence: z.number(), state: z.unknown(), event: z.string(), machine_hash: z.string(), at: z.number() });
+export type MachineStepRow = z.infer<typeof machineStep>;
+
+/** The path a statechart agent's run took: its committed transitions in order (state names only, no content). */
+export async function machineStepsOf(db: CommonQueryMethods, runId: string, limit = 1000): Promise<readonly MachineStepRow[]> {
+  return db.any(sql.type(machineStep)`
+    SELECT sequence, state, event, machine_hash, at FROM run_machine_steps WHERE run_id = ${runId} ORDER BY sequence LIMIT ${limit}`);
 }

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabasePool } from 'slonik';
+import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
 import { deliveriesOfConfig, findPushConfigs, listPushConfigSummaries, resumePushConfig } from '../push/push-admin.js';
@@ -9,6 +10,9 @@ import { listRunEvents } from '../runs/run-event-repository.js';
 import { getRun } from '../runs/run-repository.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
 import type { Sealer } from '../sealing/sealer.js';
+import { openRunsInState } from '../statecharts/definition-repository.js';
+import { agentStateRowsContent } from './agent-pages.js';
+import { agentMachinesOf, countAgentStates, runMachineView } from './agent-machines.js';
 import { closeSession, csrfMatches, findSession, openSession, SESSION_TTL_MS, type AdminSession } from './admin-auth.js';
 import { html, type Html } from './html.js';
 import { page, type NavKey } from './layout.js';
@@ -50,7 +54,15 @@ import {
 // request also needs the session's CSRF token (a hidden form field, or X-CSRF-Token), and a
 // cross-origin Origin header is refused, whatever the cookie: missing or wrong, 403.
 
-export type OperatorUiDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues; config: KeelConfig; logger: KeelLogger };
+export type OperatorUiDeps = {
+  pool: DatabasePool;
+  sealer: Sealer;
+  queues: KeelQueues;
+  config: KeelConfig;
+  logger: KeelLogger;
+  /** The agents: the statechart agents' machines are drawn beside the lifecycles. */
+  registry?: Pick<AgentRegistry, 'agents'>;
+};
 
 export const SESSION_COOKIE = 'keel_ui_session';
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -129,6 +141,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   const log = logger.child({ component: 'ui' });
   const catalog = await loadMachineCatalog();
   const entryOf = (id: string): CatalogEntry | undefined => catalog.find((entry) => entry.id === id);
+  const agentMachines = agentMachinesOf(deps.registry);
   const secureCookie = config.server.publicUrl.startsWith('https:');
   const publicOrigin = (() => {
     try {
@@ -260,7 +273,11 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   let latest: { at: number; reading: Promise<{ counts: Awaited<ReturnType<typeof countStates>>; badges: Awaited<ReturnType<typeof badges>>; at: string }> } | null = null;
   const liveCounts = () => {
     if (!latest || Date.now() - latest.at > 500) {
-      const reading = Promise.all([countStates(pool, catalog), badges(pool)]).then(([counts, badgeCounts]) => ({ counts, badges: badgeCounts, at: new Date().toISOString() }));
+      const reading = Promise.all([countStates(pool, catalog), countAgentStates(pool, agentMachines), badges(pool)]).then(([counts, agentCounts, badgeCounts]) => ({
+        counts: { ...counts, ...agentCounts },
+        badges: badgeCounts,
+        at: new Date().toISOString(),
+      }));
       latest = { at: Date.now(), reading };
       reading.catch(() => (latest = null));
     }
@@ -281,8 +298,16 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   // Machines.
   scope.get('/', async (_request, reply) => reply.redirect('/ui/machines', 303));
   scope.get('/machines', async (request, reply) => {
-    const counts = await countStates(pool, catalog);
-    return sendPage(request, reply, { title: 'Machines', nav: 'machines' }, machinesContent(catalog, counts));
+    const [counts, agentCounts] = await Promise.all([countStates(pool, catalog), countAgentStates(pool, agentMachines)]);
+    return sendPage(request, reply, { title: 'Machines', nav: 'machines' }, machinesContent(catalog, counts, { machines: agentMachines, counts: agentCounts }));
+  });
+  scope.get<{ Params: { agent: string; state: string } }>('/agents/:agent/:state', async (request, reply) => {
+    const machine = agentMachines.find((candidate) => candidate.agent === request.params.agent);
+    if (!machine || !machine.graph.states.some((state) => state.path === request.params.state)) {
+      return sendPage(request, reply, { title: 'Not found', nav: 'machines' }, errorContent('Not found', 'No such statechart agent or state.'), 404);
+    }
+    const list = await openRunsInState(pool, machine.agent, request.params.state, LIST_LIMIT);
+    return sendPage(request, reply, { title: `agent ${machine.agent}: ${request.params.state}`, nav: 'machines' }, agentStateRowsContent(machine, request.params.state, list, LIST_LIMIT));
   });
   scope.get<{ Params: { machine: string; state: string } }>('/machines/:machine/:state', async (request, reply) => {
     const entry = entryOf(request.params.machine);
@@ -321,11 +346,12 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
     const run = version !== null ? await getRun(pool, id) : null;
     if (!run) return sendPage(request, reply, { title: 'Not found', nav: 'runs' }, errorContent('Not found', 'No such run (it may have been purged).'), 404);
     const task = run.task_id ? await taskOfRun(pool, run.task_id) : null;
-    const [events, journal, deliveries, taskRuns] = await Promise.all([
+    const [events, journal, deliveries, taskRuns, machine] = await Promise.all([
       listRunEvents(pool, run.id),
       task ? journalOutline(pool, task.id) : Promise.resolve([]),
       task ? deliveriesOfTask(pool, task.id) : Promise.resolve([]),
       task ? runsOfTask(pool, task.id) : Promise.resolve([]),
+      runMachineView(pool, run, agentMachines),
     ]);
     let pending: PendingView | null = null;
     if (run.status === 'waiting_for_approval' || run.status === 'waiting_for_input') {
@@ -341,7 +367,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       request,
       reply,
       { title: `Run ${run.id}`, nav: 'runs', liveUrl: `/ui/api/runs/${run.id}/version`, liveVersion: version },
-      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending }, session.csrf),
+      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending, machine }, session.csrf),
     );
   });
 

@@ -1,0 +1,197 @@
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { definitionHash } from '../../src/statecharts/statechart-definition.js';
+import { createAdminToken } from '../../src/ui/admin-auth.js';
+import { insertMachineRun, settleMachineRun } from '../support/statechart-rows.js';
+import { startTestKeel, type TestKeel } from '../support/test-keel.js';
+import { machine as refund } from '../fixtures/statecharts/ui-refund.machine.js';
+
+// A statechart agent in the operator UI, in a real browser (Debian's Chromium through
+// playwright-core, as test/e2e/operator-ui.browser.test.ts): the machines page draws the agent's
+// machine with its open runs in each state, and the numbers follow the database without a reload;
+// a state lists its runs; a run's page highlights the path the run took and where it stands.
+// Screenshots go to test/e2e/screenshots/.
+
+type DomNode = { getAttribute(name: string): string | null; textContent: string | null };
+type DomList = Iterable<DomNode> & { forEach(callback: (node: DomNode) => void): void };
+declare const document: { querySelectorAll(selector: string): DomList; querySelector(selector: string): DomNode | null };
+declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string } };
+
+const CHROMIUM = '/usr/bin/chromium';
+const SCREENSHOTS = fileURLToPath(new URL('./screenshots/', import.meta.url));
+const MACHINE = fileURLToPath(new URL('../fixtures/statecharts/ui-refund.machine.ts', import.meta.url));
+const HASH = definitionHash(refund);
+const DONE_CLASSIFY = 'xstate.done.actor.0.refund.classifying';
+const DONE_APPROVE = 'xstate.done.actor.0.refund.review.approval';
+const DONE_PAY = 'xstate.done.actor.0.refund.paying';
+
+let keel: TestKeel;
+let context: BrowserContext;
+let page: Page;
+let profile: string;
+let adminToken = '';
+const runs: Record<string, string> = {};
+
+const shot = async (name: string) => {
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  await page.screenshot({ path: join(SCREENSHOTS, `${process.env.KEEL_TEST_QUEUE ?? 'postgres'}-statechart-${name}.png`), fullPage: true });
+};
+
+beforeAll(async () => {
+  keel = await startTestKeel({
+    overrides: {
+      KEEL_PROVIDERS: { echo: { type: 'echo' } },
+      KEEL_AGENTS: [
+        { id: 'echo', name: 'Echo', provider: 'echo' },
+        { id: 'refund', name: 'Refund', machine: MACHINE },
+      ],
+    },
+  });
+  adminToken = (await createAdminToken(keel.context.pool, 'browser')).token;
+  const pool = keel.context.pool;
+  runs.classifyingA = await insertMachineRun(pool, { agent: 'refund', status: 'waiting_for_input', hash: HASH, state: 'classifying' });
+  runs.classifyingB = await insertMachineRun(pool, { agent: 'refund', status: 'waiting_for_input', hash: HASH, state: 'classifying' });
+  runs.review = await insertMachineRun(pool, {
+    agent: 'refund',
+    status: 'waiting_for_approval',
+    hash: HASH,
+    state: { review: 'approval' },
+    steps: [
+      { state: 'classifying', event: 'xstate.init' },
+      { state: { review: 'approval' }, event: DONE_CLASSIFY },
+    ],
+  });
+  runs.confirming = await insertMachineRun(pool, {
+    agent: 'refund',
+    status: 'waiting_for_input',
+    hash: HASH,
+    state: 'confirming',
+    steps: [
+      { state: 'classifying', event: 'xstate.init' },
+      { state: { review: 'approval' }, event: DONE_CLASSIFY },
+      { state: 'paying', event: DONE_APPROVE },
+      { state: 'confirming', event: DONE_PAY },
+    ],
+  });
+
+  profile = mkdtempSync(join(tmpdir(), 'keel-chromium-'));
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1360, height: 900 },
+  });
+  page = context.pages()[0] ?? (await context.newPage());
+  page.setDefaultTimeout(20_000);
+}, 120_000);
+
+afterAll(async () => {
+  await context?.close();
+  if (profile) rmSync(profile, { recursive: true, force: true });
+  await keel?.dispose();
+});
+
+/** The counts drawn on the agent's machine: state → count, as the browser shows them. */
+const shownCounts = () =>
+  page.evaluate(() => {
+    const result: Record<string, number | null> = {};
+    document.querySelectorAll('svg.statechart g.state[data-machine="agent/refund"]').forEach((node) => {
+      const value = node.getAttribute('data-count');
+      result[node.getAttribute('data-state')!] = value === null || value === '' ? null : Number(value);
+    });
+    return result;
+  });
+const shownText = (state: string) => page.textContent(`svg.statechart g.state[data-machine="agent/refund"][data-state="${state}"] .count`);
+
+describe('a statechart agent in the operator UI', () => {
+  it('the machines page shows the agent\'s machine with the open runs in each state', async () => {
+    await page.goto(`${keel.url}/ui/login`);
+    await page.fill('input[name="token"]', adminToken);
+    await Promise.all([page.waitForURL(`${keel.url}/ui/machines`), page.click('button[type="submit"]')]);
+    const section = page.locator('section[data-machine-section="agent/refund"]');
+    expect((await section.locator('h2').textContent())!.replace(/\s+/g, ' ')).toBe(`agent refund (statechart, version ${HASH})`);
+    expect(await shownCounts()).toEqual({
+      classifying: 2,
+      review: 1,
+      'review.approval': 1,
+      'review.approved': 0,
+      paying: 0,
+      confirming: 1,
+      done: 0,
+      rejected: 0,
+      failed: 0,
+    });
+    expect(await shownText('classifying')).toBe('2');
+    // The lifecycles are drawn as before.
+    expect(await page.locator('svg.statechart g.state[data-machine="run"]').count()).toBeGreaterThan(5);
+    await page.waitForFunction(() => document.querySelector('#live-stamp')?.textContent?.includes('updated'));
+    await section.scrollIntoViewIfNeeded();
+    await shot('machines');
+  });
+
+  it('follows the database without a reload', async () => {
+    await page.evaluate(() => (window.notReloaded = true));
+    runs.paying = await insertMachineRun(keel.context.pool, { agent: 'refund', status: 'waiting_for_input', hash: HASH, state: 'paying' });
+    await settleMachineRun(keel.context.pool, runs.classifyingB, 'done');
+    await page.waitForFunction(
+      () =>
+        document.querySelector('svg.statechart g.state[data-machine="agent/refund"][data-state="paying"]')?.getAttribute('data-count') === '1' &&
+        document.querySelector('svg.statechart g.state[data-machine="agent/refund"][data-state="classifying"]')?.getAttribute('data-count') === '1',
+    );
+    expect(await page.evaluate(() => window.notReloaded)).toBe(true);
+    expect(await shownText('paying')).toBe('1');
+    expect(await shownText('classifying')).toBe('1');
+    // A run not started yet is counted apart.
+    await insertMachineRun(keel.context.pool, { agent: 'refund', status: 'waiting_for_dependency', hash: null, state: null });
+    await page.waitForFunction(() => document.querySelector('[data-count-for="agent/refund:#not-started"]')?.textContent === '1');
+  });
+
+  it('a state lists its runs, and a run\'s page shows the path it took and where it stands', async () => {
+    await Promise.all([
+      page.waitForURL('**/ui/agents/refund/review.approval'),
+      page.click('svg.statechart g.state[data-machine="agent/refund"][data-state="review.approval"]'),
+    ]);
+    expect(await page.textContent('[data-state-total]')).toBe('1');
+    await Promise.all([page.waitForURL(`**/ui/runs/${runs.review}`), page.click(`tr[data-run="${runs.review}"] a`)]);
+    expect(await page.textContent('#machine-state')).toBe('review.approval');
+    const classes = () =>
+      page.evaluate(() => {
+        const result: Record<string, string> = {};
+        document.querySelectorAll('#run-machine ~ svg.statechart g.state').forEach((node) => (result[node.getAttribute('data-state')!] = node.getAttribute('class')!));
+        return result;
+      });
+    expect(await classes()).toMatchObject({
+      classifying: 'state visited',
+      review: 'state compound visited current',
+      'review.approval': 'state visited current',
+      paying: 'state',
+      confirming: 'state',
+    });
+
+    await page.goto(`${keel.url}/ui/runs/${runs.confirming}`);
+    expect(await page.textContent('#machine-state')).toBe('confirming');
+    const taken = await page.evaluate(() => {
+      const result: string[] = [];
+      document.querySelectorAll('svg.statechart path.edge.taken[data-from]').forEach((node) => result.push(`${node.getAttribute('data-from')}->${node.getAttribute('data-to')}`));
+      return result;
+    });
+    expect(taken.sort()).toEqual(['classifying->review', 'paying->confirming', 'review->paying', 'review->review.approval', 'review.approval->review.approved'].sort());
+    // And the arrow into the initial state, where it started.
+    expect(await page.locator('svg.statechart path.edge.taken:not([data-from])').count()).toBe(1);
+    // The highlight is drawn: taken edges and visited states in green, the current state in orange.
+    const colours = await page.evaluate(() => ({
+      taken: window.getComputedStyle(document.querySelector('svg.statechart path.edge.taken[data-from="paying"]')!).stroke,
+      other: window.getComputedStyle(document.querySelector('svg.statechart path.edge[data-from="classifying"][data-to="paying"]')!).stroke,
+      visited: window.getComputedStyle(document.querySelector('svg.statechart g.state[data-state="paying"] .box')!).fill,
+      current: window.getComputedStyle(document.querySelector('svg.statechart g.state[data-state="confirming"] .box')!).fill,
+    }));
+    expect(colours).toEqual({ taken: 'rgb(47, 138, 76)', other: 'rgb(122, 132, 148)', visited: 'rgb(227, 243, 232)', current: 'rgb(255, 240, 212)' });
+    expect(await page.locator('#machine-path tbody tr').count()).toBe(4);
+    expect(await page.locator('#machine-path tbody tr').last().textContent()).toContain('done(pay)');
+    await shot('run');
+  });
+});
