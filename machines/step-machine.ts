@@ -105,7 +105,7 @@ export type MachineStepper<TMachine extends AnyStateMachine> = {
 };
 
 /** What `transition` reports besides the snapshot: the effects the stepper has to carry out. */
-type ExecutableAction = { type: string; params: unknown };
+export type ExecutableAction = { type: string; params: unknown };
 type SpawnParams = { id: string; src: unknown; input: unknown };
 
 type Settlement = { id: string; ok: true; output: unknown } | { id: string; ok: false; error: unknown };
@@ -113,17 +113,15 @@ type Running = { settled: Promise<Settlement>; abort: LazyAbort };
 
 const ALLOWED_BUILT_INS = new Set(['xstate.assign', 'xstate.raise']);
 
-export function createMachineStepper<TMachine extends AnyStateMachine>(machine: TMachine): MachineStepper<TMachine> {
-  const invokedSources = checkSteppable(machine);
-
-  // The scope every transition of every run is computed in. Its `self` is an actor that is never
-  // started, of a logic that does nothing: an invoke's child is created with it as parent (and
-  // never started either), and a machine's input or assign functions see it as `self`. The scope
-  // collects the executable actions of the transition being computed; transitions are
-  // synchronous, so concurrent runs never share a collection.
+/**
+ * A scope to compute a machine's transitions in without running it: its `self` is an actor that is
+ * never started, of a logic that does nothing (an invoke's child is created with it as parent, and
+ * never started either; a machine's input or assign functions see it as `self`), and the
+ * executable actions of each transition go to `collect` instead of being carried out.
+ */
+export function inertScope(collect: (action: ExecutableAction) => void): AnyActorScope {
   const host = createActor(fromTransition((state: null) => state, null));
-  let collected: ExecutableAction[] = [];
-  const scope: AnyActorScope = {
+  return {
     self: host,
     id: host.id,
     sessionId: host.sessionId,
@@ -132,10 +130,18 @@ export function createMachineStepper<TMachine extends AnyStateMachine>(machine: 
     defer: () => undefined,
     emit: () => undefined,
     stopChild: () => undefined,
-    actionExecutor: (action) => {
-      collected.push(action);
-    },
+    actionExecutor: (action) => collect(action),
   };
+}
+
+export function createMachineStepper<TMachine extends AnyStateMachine>(machine: TMachine): MachineStepper<TMachine> {
+  const invokedSources = checkSteppable(machine);
+
+  // The scope every transition of every run is computed in. It collects the executable actions of
+  // the transition being computed; transitions are synchronous, so concurrent runs never share a
+  // collection.
+  let collected: ExecutableAction[] = [];
+  const scope = inertScope((action) => collected.push(action));
   const logic: AnyStateMachine = machine;
 
   function computed(compute: () => AnyMachineSnapshot): [AnyMachineSnapshot, ExecutableAction[]] {

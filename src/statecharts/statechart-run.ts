@@ -1,11 +1,5 @@
-import {
-  createActor,
-  fromTransition,
-  type AnyActorScope,
-  type AnyMachineSnapshot,
-  type AnyStateNode,
-  type StateValue,
-} from 'xstate';
+import type { AnyMachineSnapshot, AnyStateNode, StateValue } from 'xstate';
+import { inertScope, type ExecutableAction } from '../../machines/step-machine.js';
 import type { ArtifactEmission, Part } from '../providers/provider.js';
 import { stateIdsOf, type StatechartDefinition } from './statechart-definition.js';
 import type { StatechartOutput, StepMarker } from './steps.js';
@@ -89,7 +83,7 @@ export type StatechartStart = {
 /** Timers due within this are waited for in the process; later ones suspend the run durably. */
 export const INLINE_TIMER_MS = 3000;
 
-type Action = { type: string; params: unknown };
+type Action = ExecutableAction;
 type Settled = { id: string; outcome: StepOutcome };
 
 const doneEvent = (id: string, output: unknown) => ({ type: `xstate.done.actor.${id}`, output, actorId: id });
@@ -146,21 +140,8 @@ function persisted(snapshot: AnyMachineSnapshot): unknown {
 
 export async function runStatechart(definition: StatechartDefinition, start: StatechartStart, host: StatechartHost): Promise<StatechartResult> {
   const { machine, hash } = definition;
-  const self = createActor(fromTransition((state: null) => state, null));
   let collected: Action[] = [];
-  const scope: AnyActorScope = {
-    self,
-    id: self.id,
-    sessionId: self.sessionId,
-    system: self.system,
-    logger: () => undefined,
-    defer: () => undefined,
-    emit: () => undefined,
-    stopChild: () => undefined,
-    actionExecutor: (action) => {
-      collected.push(action);
-    },
-  };
+  const scope = inertScope((action) => collected.push(action));
   const computed = (compute: () => AnyMachineSnapshot): [AnyMachineSnapshot, Action[]] => {
     const actions: Action[] = [];
     collected = actions;
