@@ -158,6 +158,10 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     switch (marker.kind) {
       case 'callModel': {
         const input = (step.input ?? {}) as CallModelInput;
+        if (modelCalls >= agent.config.limits.maxIterations) {
+          failures.set(step.id, { kind: 'fail', reason: 'max_iterations', detail: { step: step.src, maxIterations: agent.config.limits.maxIterations } });
+          return { kind: 'error', error: { message: `the agent's model calls are spent (limits.maxIterations ${agent.config.limits.maxIterations})`, reason: 'max_iterations' } };
+        }
         const budget = agent.config.limits.tokenBudget;
         if (budget !== undefined && state.inputTokens + state.outputTokens >= budget) {
           failures.set(step.id, { kind: 'fail', reason: 'budget_exhausted', detail: { step: step.src } });

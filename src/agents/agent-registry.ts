@@ -93,6 +93,9 @@ export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps)
       const loaded = await loadStatechart(agent.machine, baseDir, where);
       if (loaded.ok) statechart = loaded.definition;
       else problems.push(...loaded.problems);
+      // Guardrails check the agent loop's input and answers; a machine decides for itself, so a
+      // guardrail configured here would look like protection and do nothing.
+      if (agent.guardrails.length > 0) problems.push(`${where}: guardrails apply to the agent loop, not to a statechart agent: check in a step of the machine instead`);
       // Without a provider, the run's ceilings are the installation's and the agent's, and a callModel step fails naming the missing provider.
       if (agent.provider === undefined) {
         chain.push({ provider: noProvider(agent.id), ceilings: resolveCeilings({ global: config.privacy.level, agent: agent.privacy }) });
