@@ -2,6 +2,7 @@ import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { loadConfig, type KeelConfig } from '../config/load-config.js';
 import { readMigrations } from '../db/migrate.js';
+import { isConnectionError } from '../db/pool.js';
 import { createLogger, type KeelLogger } from '../log/logger.js';
 import { openDatabase } from '../runtime/open-database.js';
 
@@ -34,25 +35,32 @@ const migrationRow = z.object({ id: z.number() });
 /** Opens the database for a short command and checks the schema is current (never migrates). */
 export async function withDatabase<T>(config: KeelConfig, fn: (pool: DatabasePool, logger: KeelLogger, databaseUrl: string) => Promise<T>): Promise<T> {
   const logger = commandLogger();
-  const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 4, applicationName: 'keel-cli' });
+  // An unreachable database is a clear message and exit 3, whether the pool finds out when it is
+  // made or on its first query.
+  const unreachable = (error: unknown): never => {
+    if (isConnectionError(error)) throw new CliExit(EXIT.database, `cannot reach the database: ${(error as Error).message}`);
+    throw error;
+  };
+  const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 4, applicationName: 'keel-cli' }).catch(unreachable);
   if (!opened.ok) throw new CliExit(EXIT.database, opened.message);
   try {
-    const files = readMigrations();
-    if (!files.ok) throw new CliExit(EXIT.database, files.message);
-    const tableExists = await opened.database.pool.oneFirst(
-      sql.type(z.object({ exists: z.boolean() }))`SELECT to_regclass('keel_migrations') IS NOT NULL AS exists`,
-    );
-    const applied = tableExists
-      ? new Set(await opened.database.pool.anyFirst(sql.type(migrationRow)`SELECT id FROM keel_migrations`))
-      : new Set<number>();
-    const pending = files.migrations.filter((migration) => !applied.has(migration.id));
-    if (pending.length > 0) {
-      throw new CliExit(EXIT.database, `the database schema is behind (${pending.length} migration(s) pending, first ${pending[0]!.name}); run \`keel migrate\``);
-    }
-    return await fn(opened.database.pool, logger, opened.database.url);
+    return await checkSchema(opened.database.pool, logger, opened.database.url, fn).catch(unreachable);
   } finally {
     await opened.database.close();
   }
+}
+
+/** Refuses a schema behind the migrations, then runs the command. */
+async function checkSchema<T>(pool: DatabasePool, logger: KeelLogger, url: string, fn: (pool: DatabasePool, logger: KeelLogger, databaseUrl: string) => Promise<T>): Promise<T> {
+  const files = readMigrations();
+  if (!files.ok) throw new CliExit(EXIT.database, files.message);
+  const tableExists = await pool.oneFirst(sql.type(z.object({ exists: z.boolean() }))`SELECT to_regclass('keel_migrations') IS NOT NULL AS exists`);
+  const applied = tableExists ? new Set(await pool.anyFirst(sql.type(migrationRow)`SELECT id FROM keel_migrations`)) : new Set<number>();
+  const pending = files.migrations.filter((migration) => !applied.has(migration.id));
+  if (pending.length > 0) {
+    throw new CliExit(EXIT.database, `the database schema is behind (${pending.length} migration(s) pending, first ${pending[0]!.name}); run \`keel migrate\``);
+  }
+  return fn(pool, logger, url);
 }
 
 export function printTable(rows: ReadonlyArray<Record<string, string>>, columns: readonly string[]): string {

@@ -101,6 +101,9 @@ describe('keel runs', () => {
     const badConfig = await runKeel(['doctor'], { cwd: REPO_ROOT, env: { ...env, KEEL_SERVER_PORT: 'eighty' } });
     expect(badConfig.code).toBe(2);
     expect(badConfig.stdout).toContain('server.port: expected a number, got "eighty" (from KEEL_SERVER_PORT)');
+    const unreachable = await runKeel(['runs', 'list'], { cwd: REPO_ROOT, env: { ...env, KEEL_DATABASE_URL: 'postgres://root@127.0.0.1:1/keel' } });
+    expect(unreachable.code).toBe(3);
+    expect(unreachable.stderr).toBe('keel: cannot reach the database: connect ECONNREFUSED 127.0.0.1:1\n');
     const help = await keelCli('runs', '--help');
     expect(help.code).toBe(0);
     expect(help.stdout).toContain('approve');
