@@ -242,10 +242,6 @@ export function registerMachinesCommand(program: Command): void {
             }),
           stranded: { total: strandedTotal, runs: strandedRuns },
         };
-      }).catch((error: unknown) => {
-        // An unreachable database is an answer to give plainly, not a stack trace.
-        if (error instanceof CliExit) throw error;
-        throw new CliExit(EXIT.database, `cannot read the runs and definitions of agent ${agentId} from the database: ${(error as Error).message}`);
       });
       if (options.json) process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
       else printDiff(report);

@@ -176,7 +176,7 @@ describe('keel machines diff <agent>', () => {
     expect(missing.code).toBe(64);
     const noDatabase = await keelCli(envWith(V1, { KEEL_DATABASE_URL: 'postgres://root@127.0.0.1:1/keel' }), 'machines', 'diff', 'refund');
     expect(noDatabase.code).toBe(3);
-    expect(noDatabase.stderr).toContain('keel: cannot read the runs and definitions of agent refund from the database:');
+    expect(noDatabase.stderr).toContain('keel: cannot reach the database:');
     expect(noDatabase.stderr).not.toContain('    at ');
   });
 });
