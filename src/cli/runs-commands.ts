@@ -124,6 +124,8 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
           startedAt: run.started_at === null ? null : formatTime(run.started_at),
           settledAt: run.settled_at === null ? null : formatTime(run.settled_at),
           failureDetail: run.failure_detail,
+          // A statechart agent's run: the state it stands in and the version of its machine it started with.
+          ...(run.machine_hash ? { machineState: run.machine_state ?? null, machineVersion: run.machine_hash } : {}),
         };
         if (options.json) {
           process.stdout.write(`${JSON.stringify({ ...summary, pending, events }, null, 2)}\n`);

@@ -68,6 +68,8 @@ describe('the refund example over the official client', () => {
     expect(shown.code, shown.stderr).toBe(0);
     expect(shown.stdout).toContain('askApproval');
     expect(shown.stdout).toContain('Refund 250.00');
+    expect(shown.stdout).toMatch(/machineState\s+awaitingApproval/);
+    expect(shown.stdout).toMatch(new RegExp(`machineVersion\\s+${keel.registry.get('refunds')!.statechart!.hash}`));
     const digest = /turn digest ([0-9a-f]{64})/.exec(shown.stdout)![1]!;
     const approved = await keelCli('runs', 'approve', asked.id, '--turn', digest);
     expect(approved.code, approved.stderr).toBe(0);
