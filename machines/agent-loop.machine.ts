@@ -52,8 +52,9 @@ export type LoopState = {
 export type LoopOutcome =
   | { kind: 'complete'; reason: CompletionReason; answer: string | null; presentation?: AnswerPresentation }
   | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
-  | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' }
-  /** A statechart agent's durable timer (docs/statechart-agents.md): the run waits until dueAt. */
+  /** dueAt: a statechart agent's timer that also runs while the run waits (docs/statechart-agents.md). */
+  | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency'; dueAt?: number }
+  /** A statechart agent's durable timer: the run waits until dueAt. */
   | { kind: 'suspend'; status: 'waiting_for_timer'; dueAt: number }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
 

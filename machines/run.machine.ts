@@ -82,7 +82,7 @@ export type RunEvent =
   | { type: 'APPROVAL_TIMED_OUT' }
   | { type: 'INPUT_RECEIVED' }
   | { type: 'DEPENDENCY_RESOLVED' }
-  /** The sweep found the timer due and hands the run to a worker. */
+  /** A statechart run's timer is due (waiting_for_timer, or a wait its machine bounds with a timer): a worker takes the run. */
   | { type: 'TIMER_DUE' }
   | { type: 'COMPLETE'; reason: TerminationReason }
   | { type: 'FAIL'; reason: TerminationReason }
@@ -128,15 +128,15 @@ export const runMachine = setup({
     },
     waiting_for_approval: {
       description: 'A turn waits for an operator decision',
-      on: { APPROVAL_DECIDED: 'running', APPROVAL_TIMED_OUT: 'failed', FAIL: fail, CANCEL: cancel },
+      on: { APPROVAL_DECIDED: 'running', APPROVAL_TIMED_OUT: 'failed', TIMER_DUE: 'running', FAIL: fail, CANCEL: cancel },
     },
     waiting_for_input: {
       description: 'A tool asked the user for typed input',
-      on: { INPUT_RECEIVED: 'running', FAIL: fail, CANCEL: cancel },
+      on: { INPUT_RECEIVED: 'running', TIMER_DUE: 'running', FAIL: fail, CANCEL: cancel },
     },
     waiting_for_dependency: {
       description: 'Waits for a remote agent task',
-      on: { DEPENDENCY_RESOLVED: 'running', FAIL: fail, CANCEL: cancel },
+      on: { DEPENDENCY_RESOLVED: 'running', TIMER_DUE: 'running', FAIL: fail, CANCEL: cancel },
     },
     waiting_for_timer: {
       description: "A statechart agent's delayed transition waits for its due time",

@@ -4,7 +4,7 @@ import { TASK_STATES, type TaskState } from '../src/protocol/wire.js';
 // The A2A task, as its client sees it. A task's state is derived from its
 // current run: the trigger keel_sync_task_state (sql/0004_a2a_tasks.sql) writes a2a_tasks.state in
 // the transaction of every run transition, by src/tasks/task-state.ts's mapping:
-//   queued -> SUBMITTED; running, waiting_for_approval, waiting_for_dependency -> WORKING;
+//   queued -> SUBMITTED; running, waiting_for_approval, waiting_for_dependency, waiting_for_timer -> WORKING;
 //   waiting_for_input -> INPUT_REQUIRED; completed -> COMPLETED; failed -> FAILED (REJECTED when the
 //   agent rejected the task); cancelled -> CANCELED.
 // So each transition here is a run event that changes the derived state; run events that keep it
@@ -19,6 +19,8 @@ export type TaskEvent =
   | { type: 'CLAIM' }
   | { type: 'SUSPEND_FOR_INPUT' }
   | { type: 'INPUT_RECEIVED' }
+  /** A statechart agent's deadline ran out while the task waited for input: the machine moves on. */
+  | { type: 'TIMER_DUE' }
   | { type: 'REQUEUE' }
   | { type: 'COMPLETE' }
   | { type: 'FAIL' }
@@ -50,7 +52,7 @@ export const taskMachine = setup({ types: { events: {} as TaskEvent } }).createM
     },
     TASK_STATE_INPUT_REQUIRED: {
       description: 'Its run waits for the client to send typed input',
-      on: { INPUT_RECEIVED: 'TASK_STATE_WORKING', FAIL: 'TASK_STATE_FAILED', CANCEL: 'TASK_STATE_CANCELED' },
+      on: { INPUT_RECEIVED: 'TASK_STATE_WORKING', TIMER_DUE: 'TASK_STATE_WORKING', FAIL: 'TASK_STATE_FAILED', CANCEL: 'TASK_STATE_CANCELED' },
     },
     TASK_STATE_AUTH_REQUIRED: {
       description: 'A2A vocabulary only: no run status maps to it, so Keel never enters it',

@@ -8,7 +8,10 @@
 ALTER TABLE runs ADD COLUMN machine_hash text;
 ALTER TABLE runs ADD COLUMN machine_state jsonb;
 
--- A durable `after`: the run waits for a due time (available_at) and the sweep wakes it.
+-- A durable `after`: the run waits for a due time and a delayed job (restored by the sweep) wakes
+-- it, in waiting_for_timer, or while it waits for someone (input, an approval, a remote agent)
+-- when its machine also waits for a timer there. Set with every suspension (NULL: no timer).
+ALTER TABLE runs ADD COLUMN timer_due_at timestamptz;
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_status_check;
 ALTER TABLE runs ADD CONSTRAINT runs_status_check CHECK (status IN (
   'queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency',

@@ -17,7 +17,7 @@ import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
-import { recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
+import { clearStatusMessage, recordAgentStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import type { ArtifactEmission, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import { AuditTrail } from '../src/runs/audit-trail.js';
 import { completeRun, failHeldRun, type CompletionInput, type CompletionResult, type FailureInput, type JournaledEnd } from '../src/tasks/complete-run.js';
@@ -261,12 +261,23 @@ export function createRunExecutor(
   let queueBacklogUntil = 0;
   const queueSaturated = () => queuedInFlight >= Math.max(1, sharedSlots - fastInFlight);
 
+  /**
+   * A statechart run whose timer is due: taken from its wait with the claim, and a prompt it was
+   * asking stops being its task's status message in the same transaction (run row first, then task).
+   */
+  const claimTimedOutWait = (runId: string) =>
+    pool.transaction(async (transaction) => {
+      const row = await claimDueTimer(transaction, runId, claim);
+      if (row?.task_id) await clearStatusMessage(transaction, row.task_id);
+      return row;
+    });
+
   async function execute(runId: string): Promise<ExecutionReport> {
     if (draining) return { kind: 'skipped' };
     queuedInFlight += 1;
     if (queueSaturated()) queueBacklogUntil = Date.now() + QUEUE_BACKLOG_MS;
     return inSlot(runId, async (slot) => {
-      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimDueTimer(pool, runId, claim));
+      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(runId));
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
       options.onRunStarted?.('queue');
@@ -682,7 +693,7 @@ export function createRunExecutor(
           };
           try {
             const suspended = await pool.transaction(async (transaction) => {
-              const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals, result.status === 'waiting_for_timer' ? result.dueAt : undefined);
+              const row = await suspendRun(transaction, sealer, runId, workerId, result.status, { ...state, resume: null }, totals, result.dueAt);
               if (row) {
                 audit.record(suspendedEvent);
                 await audit.flushWithin(transaction);
@@ -701,10 +712,11 @@ export function createRunExecutor(
             afterCommit(runId);
             if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
             if (state.pendingDependency) onDependencyWait(state.pendingDependency.dependencyId);
-            if (result.status === 'waiting_for_timer') {
+            if (result.dueAt !== undefined) {
               // The wake-up at the due time; the sweep restores it if it is lost.
+              const dueAt = result.dueAt;
               await context.queues
-                .addJob('runs', timerJobId(runId, suspended.revision), { runId }, { delayMs: Math.max(0, result.dueAt - Date.now()) })
+                .addJob('runs', timerJobId(runId, suspended.revision), { runId }, { delayMs: Math.max(0, dueAt - Date.now()) })
                 .catch((error: Error) => runLog.warn({ err: error }, 'the timer wake-up could not be added; the sweeper adds it'));
             }
             return { kind: 'suspended', status: result.status };

@@ -314,7 +314,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
       if (result.status === 'waiting_for_input') waited.pendingInput = result.pending as PendingInput;
       else if (result.status === 'waiting_for_approval') waited.pendingApproval = result.pending as PendingApproval;
       else waited.pendingDependency = result.pending as StatechartState['pendingDependency'];
-      return { outcome: { kind: 'suspend', status: result.status }, state: waited, artifacts: [] };
+      return { outcome: { kind: 'suspend', status: result.status, ...(result.dueAt === undefined ? {} : { dueAt: result.dueAt }) }, state: waited, artifacts: [] };
     }
     case 'sleep':
       return { outcome: { kind: 'suspend', status: 'waiting_for_timer', dueAt: result.dueAt }, state: { ...state, machine: result.record, waiting: null }, artifacts: [] };

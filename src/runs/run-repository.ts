@@ -169,12 +169,12 @@ export async function suspendRun(
   status: SuspendStatus,
   state: unknown,
   totals?: RunTotals,
-  /** A timer's due time (waiting_for_timer): the sweep hands the run over once available_at is past. */
+  /** A statechart run's timer (waiting_for_timer, or a wait bounded by a timer): a worker takes the run back once it is due. */
   dueAt?: number,
 ): Promise<RunRow | null> {
   const event = SUSPEND_EVENT[status];
   const sealed = sealer.sealJson(suspendedStateContext(runId), state);
-  const due = dueAt === undefined ? sql.fragment`` : sql.fragment`available_at = ${sql.timestamp(new Date(dueAt))},`;
+  const due = sql.fragment`timer_due_at = ${dueAt === undefined ? null : sql.timestamp(new Date(dueAt))},`;
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)}, ${due}
       claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
@@ -299,23 +299,26 @@ export async function appendMachineStep(db: Db, runId: string, step: { sequence:
 }
 
 /**
- * Runs waiting for a durable timer, with what is left of the wait: each owes a delayed `runs` job
+ * Runs waiting with a durable timer, with what is left of the wait: each owes a delayed `runs` job
  * (timerJobId), which the sweep restores when it is gone.
  */
 export async function listTimerWaits(db: Db, limit: number): Promise<readonly { id: string; revision: number; delay_ms: number }[]> {
   return db.any(sql.type(z.object({ id: z.string(), revision: z.number(), delay_ms: z.number() }))`
-    SELECT id, revision, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
-    FROM runs WHERE ${OPEN_RUN} AND status = 'waiting_for_timer'
-    ORDER BY available_at, id LIMIT ${limit}`);
+    SELECT id, revision, greatest(0, extract(epoch FROM (timer_due_at - now())) * 1000)::float8 AS delay_ms
+    FROM runs WHERE ${OPEN_RUN} AND timer_due_at IS NOT NULL AND status = ANY(${from('TIMER_DUE')})
+    ORDER BY timer_due_at, id LIMIT ${limit}`);
 }
 
-/** waiting_for_timer → RUNNING by a worker, once the timer is due (a job that fired early finds nothing). */
+/**
+ * A waiting run whose timer is due → RUNNING by a worker (a job that fired early, or after the
+ * wait was answered, finds nothing).
+ */
 export async function claimDueTimer(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to('TIMER_DUE')}, claimed_by = ${claim.workerId},
       lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
-      revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${from('TIMER_DUE')}) AND available_at <= now()
+      timer_due_at = NULL, revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('TIMER_DUE')}) AND timer_due_at <= now()
     RETURNING *`);
 }
 

@@ -36,6 +36,8 @@ export const runRow = z.object({
   /** A statechart agent's run: the definition it runs and the state it stands in (sql/0017). */
   machine_hash: z.string().nullable().optional(),
   machine_state: z.unknown().optional(),
+  /** When the run's durable timer is due (a statechart run suspended with one), else null. */
+  timer_due_at: z.number().nullable().optional(),
 });
 export type RunRow = z.infer<typeof runRow>;
 

@@ -66,7 +66,8 @@ export type StatechartHost = {
 export type StatechartResult =
   | { kind: 'complete'; output: unknown; record: MachineRecord }
   | { kind: 'fail'; detail: Record<string, unknown>; message?: string }
-  | { kind: 'wait'; status: WaitStatus; pending: unknown; step: RunningStep; record: MachineRecord }
+  /** dueAt: the machine also waits for a timer there; it wakes the run if nobody answers first. */
+  | { kind: 'wait'; status: WaitStatus; pending: unknown; step: RunningStep; record: MachineRecord; dueAt?: number }
   | { kind: 'sleep'; dueAt: number; record: MachineRecord }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
 
@@ -223,17 +224,17 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
       switch (action.type) {
         case 'xstate.spawnChild': {
           const { id, src, input } = params as { id: string; src: unknown; input: unknown };
+          // A state re-entered starts its invoke again: the new step replaces the old one.
+          forget(id);
           record.running.push({ id, src: String(src), input: input ?? null, key: `${record.nextStep}-${id}` });
           record.nextStep += 1;
           break;
         }
         case 'xstate.stopChild': {
-          const id = (params?.actorRef as { id?: string } | undefined)?.id ?? (typeof params?.id === 'string' ? params.id : undefined);
-          if (id === undefined) break;
-          record.running = record.running.filter((step) => step.id !== id);
-          inFlight.get(id)?.abort.abort();
-          inFlight.delete(id);
-          waits.delete(id);
+          // A restored snapshot has no children, so XState names none here: the steps of states
+          // left are found below, by the invokes of the states the machine stands in now.
+          const id = (params?.actorRef as { id?: string } | undefined)?.id;
+          if (id !== undefined) forget(id);
           break;
         }
         case 'xstate.raise':
@@ -263,7 +264,18 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
           break;
       }
     }
+    // Only the invokes of the states the machine stands in now have steps.
+    const invoked = new Set((next as unknown as { _nodes: AnyStateNode[] })._nodes.flatMap((node) => node.invoke.map((invoke) => invoke.id)));
+    for (const step of record.running) if (!invoked.has(step.id)) forget(step.id);
     return shown;
+  }
+
+  /** A step whose invoking state was left: out of the record, and its outcome, if it still comes, goes nowhere. */
+  function forget(id: string): void {
+    record.running = record.running.filter((step) => step.id !== id);
+    inFlight.get(id)?.abort.abort();
+    inFlight.delete(id);
+    waits.delete(id);
   }
 
   async function commit(shown: Shown): Promise<boolean> {
@@ -310,13 +322,13 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
       if (inFlight.size === 0) {
         const dueIn = earliest ? earliest.dueAt - Date.now() : null;
         if (dueIn === null || dueIn > INLINE_TIMER_MS) {
-          // Someone must answer first (a timer only runs out while the run is not waiting for someone),
-          // or a long timer: the run suspends either way.
+          // Someone must answer, or a long timer runs: the run suspends either way, until the answer
+          // or the timer's due time, whichever comes first.
           const first = waits.entries().next().value;
           if (first) {
             const [id, wait] = first;
             const step = record.running.find((candidate) => candidate.id === id)!;
-            return { kind: 'wait', status: wait.status, pending: wait.pending, step, record };
+            return { kind: 'wait', status: wait.status, pending: wait.pending, step, record, ...(earliest ? { dueAt: earliest.dueAt } : {}) };
           }
           if (earliest) return { kind: 'sleep', dueAt: earliest.dueAt, record };
           return {

@@ -185,6 +185,14 @@ export async function recordAgentStatusMessage(db: CommonQueryMethods, sealer: S
 }
 
 /**
+ * The task moved on without the reply its status message asked for (a statechart agent's deadline
+ * ran out): the prompt stops being its status message; it stays in the history.
+ */
+export async function clearStatusMessage(db: CommonQueryMethods, taskId: string): Promise<void> {
+  await db.query(sql.unsafe`UPDATE a2a_tasks SET status_message = NULL, updated_at = now() WHERE id = ${taskId} AND status_message IS NOT NULL`);
+}
+
+/**
  * The client's reply to a waiting task, written in the transaction that hands the run over: it
  * joins the history and the prompt it answers stops being the status message, before any worker
  * can take the run (so a completion always comes after, and is never overwritten).

@@ -20,7 +20,7 @@ import { TEST_REDIS_URL, testQueueBackend, testQueueKind, testQueuePrefix } from
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
 // A durable `after` (issue 16, "Time"): a statechart run that waits 10 s is suspended
-// (waiting_for_timer, due at available_at) with a delayed wake-up job; Keel stops in the middle of
+// (waiting_for_timer, due at timer_due_at) with a delayed wake-up job; Keel stops in the middle of
 // the wait and another Keel starts on the same database and queues. The run goes on at its due
 // time, not before, and exactly once; a wake-up job lost while no Keel ran (a wiped Redis, a
 // dropped job) is restored by the sweep with what is left of the wait.
@@ -118,8 +118,8 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
       expect(row).toMatchObject({ status: 'waiting_for_timer', claimed_by: null, lease_expires_at: null });
       expect(row.machine_state).toBe('pausing');
       // Due 10 s after the transition into `pausing` committed, which happened between the send and now.
-      expect(row.available_at).toBeGreaterThanOrEqual(sentAt + WAIT_MS - 50);
-      expect(row.available_at).toBeLessThanOrEqual(observedAt + WAIT_MS + 50);
+      expect(row.timer_due_at!).toBeGreaterThanOrEqual(sentAt + WAIT_MS - 50);
+      expect(row.timer_due_at!).toBeLessThanOrEqual(observedAt + WAIT_MS + 50);
       const job = await first.context.queues.queue('runs').getJob(timerJobId(id, row.revision));
       expect(await job?.getState()).toBe('delayed');
       expect(asJson(await a2a.getTask({ id } as never)).status.state).toBe('TASK_STATE_WORKING');
@@ -128,7 +128,7 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
     // Keel stops in the middle of the wait; nothing about the waiting runs changes.
     keels.splice(keels.indexOf(first), 1);
     await first.dispose();
-    for (const [id, row] of waiting) expect(await getRun(pool, id)).toMatchObject({ status: 'waiting_for_timer', revision: row.revision, available_at: row.available_at });
+    for (const [id, row] of waiting) expect(await getRun(pool, id)).toMatchObject({ status: 'waiting_for_timer', revision: row.revision, timer_due_at: row.timer_due_at });
 
     // While no Keel runs, `lost`'s wake-up job disappears.
     const queues = new KeelQueues(testQueueBackend(database.url, queuePrefix), silentLogger());
@@ -143,7 +143,7 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
     const second = await startTestKeel({ databaseUrl: database.url, env });
     keels.push(second);
     const restartedAt = Date.now();
-    expect(restartedAt).toBeLessThan(Math.min(...[...waiting.values()].map((row) => row.available_at)));
+    expect(restartedAt).toBeLessThan(Math.min(...[...waiting.values()].map((row) => row.timer_due_at!)));
 
     // The sweep gives `lost` its wake-up back, still delayed, before the due time.
     const restored = await waitFor(async () => {
@@ -157,7 +157,7 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
 
     const a2aAfter = await sdkClient(second.url, 'order', client.token);
     for (const [id, row] of settled) {
-      const due = waiting.get(id)!.available_at;
+      const due = waiting.get(id)!.timer_due_at!;
       expect(row).toMatchObject({ status: 'completed', termination_reason: 'completed', machine_state: 'done', requeue_count: 0 });
       // Not before the due time: the wake-up claim and the completion both came after it.
       expect(row.settled_at!).toBeGreaterThanOrEqual(due);

@@ -18,6 +18,7 @@ import { waitFor } from '../../support/wait-for.js';
 
 const MACHINE = new URL('../../fixtures/statecharts/order.machine.ts', import.meta.url).pathname;
 const ASSISTANT = new URL('../../fixtures/statecharts/assistant.machine.ts', import.meta.url).pathname;
+const REMINDER = new URL('../../fixtures/statecharts/reminder.machine.ts', import.meta.url).pathname;
 const emailLog = join(tempDir('keel-statechart-mail-'), 'mail.log');
 const stepLog = join(tempDir('keel-statechart-'), 'steps.log');
 
@@ -41,6 +42,7 @@ beforeAll(async () => {
         { id: 'looks-up', name: 'Looks up', machine: ASSISTANT, provider: 'plans-lookup', tools: ['lookup'] },
         { id: 'emails', name: 'Emails', machine: ASSISTANT, provider: 'plans-email', tools: ['send_email'] },
         { id: 'no-provider', name: 'No provider', machine: ASSISTANT, tools: ['lookup'] },
+        { id: 'reminder', name: 'Reminder', machine: REMINDER },
       ],
     },
   });
@@ -159,11 +161,11 @@ describe('a statechart agent over A2A', () => {
     const client = await sdkClient(keel.url, 'order', token);
     const sent = asJson(await client.sendMessage(SendMessageRequest.fromJSON({ message: { messageId: 'wait-1', role: 'ROLE_USER', parts: [{ data: { amount: 10, waitMs: 4000 } }] }, configuration: { returnImmediately: true } })));
     const waiting = await waitFor(async () => {
-      const row = await keel.context.pool.maybeOne(sql.type(z.object({ status: z.string(), due_in: z.number() }))`
-        SELECT status, extract(epoch FROM available_at - now())::float8 AS due_in FROM runs WHERE id = ${sent.id}`);
+      const row = await keel.context.pool.maybeOne(sql.type(z.object({ status: z.string(), due_in: z.number().nullable() }))`
+        SELECT status, extract(epoch FROM timer_due_at - now())::float8 AS due_in FROM runs WHERE id = ${sent.id}`);
       return row?.status === 'waiting_for_timer' ? row : null;
     }, 'the run to wait for its timer');
-    expect(waiting.due_in).toBeGreaterThan(1);
+    expect(waiting.due_in!).toBeGreaterThan(1);
     expect(asJson(await client.getTask({ id: sent.id } as never)).status.state).toBe('TASK_STATE_WORKING');
     const done = await waitFor(async () => {
       const task = asJson(await client.getTask({ id: sent.id } as never));
@@ -214,5 +216,42 @@ describe('a statechart agent over A2A', () => {
     const task = asJson(await client.sendMessage(textMessage('plan something')));
     expect(task.status.state).toBe('TASK_STATE_COMPLETED');
     expect((task.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toMatch(/^failed: the model call failed/);
+  });
+
+  it('a wait with a deadline: the timer runs while the task is INPUT_REQUIRED and moves the machine on when nobody answers', async () => {
+    const client = await sdkClient(keel.url, 'reminder', token);
+    const ask = (timeoutMs: number) => SendMessageRequest.fromJSON({ message: { messageId: `r-${timeoutMs}-${Math.random()}`, role: 'ROLE_USER', parts: [{ data: { timeoutMs } }] } });
+
+    const unanswered = asJson(await client.sendMessage(ask(4000)));
+    expect(unanswered.status.state).toBe('TASK_STATE_INPUT_REQUIRED');
+    const row = await keel.context.pool.one(sql.type(z.object({ status: z.string(), due_in: z.number().nullable() }))`
+      SELECT status, extract(epoch FROM timer_due_at - now())::float8 AS due_in FROM runs WHERE id = ${unanswered.id}`);
+    expect(row.status).toBe('waiting_for_input');
+    expect(row.due_in!).toBeGreaterThan(1);
+    // Once the deadline took the run back, the task is WORKING without the prompt as its status message.
+    const movedOn = await waitFor(async () => {
+      const task = asJson(await client.getTask({ id: unanswered.id } as never));
+      return task.status.state !== 'TASK_STATE_INPUT_REQUIRED' ? task : null;
+    }, 'the deadline to take the run back', 20_000);
+    expect(movedOn.status.state).toBe('TASK_STATE_WORKING');
+    expect(movedOn.status.message).toBeUndefined();
+    const gaveUp = await waitFor(async () => {
+      const task = asJson(await client.getTask({ id: unanswered.id } as never));
+      return task.status.state === 'TASK_STATE_COMPLETED' ? task : null;
+    }, 'the deadline to move the task on', 20_000);
+    expect((gaveUp.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('nobody answered in time');
+    // The prompt no longer stands as the task's status message once the task has moved on.
+    expect(gaveUp.status.message).toBeUndefined();
+    expect(await journalStatuses(unanswered.id)).toEqual(['TASK_STATE_WORKING', 'TASK_STATE_INPUT_REQUIRED: Which date?', 'TASK_STATE_WORKING', 'artifact answer', 'TASK_STATE_COMPLETED']);
+    expect(await pathOf(unanswered.id)).toEqual(['"asking"', '"closing"', '"gaveUp"']);
+
+    // Answered before the deadline: the answer wins, and the timer's wake-up later finds nothing to do.
+    const answered = asJson(await client.sendMessage(ask(3500)));
+    const done = asJson(await client.sendMessage(SendMessageRequest.fromJSON({ message: { messageId: 'date-reply', role: 'ROLE_USER', taskId: answered.id, contextId: answered.contextId, parts: [{ text: 'May 4' }] } })));
+    expect(done.status.state).toBe('TASK_STATE_COMPLETED');
+    expect((done.artifacts as Json[]).find((artifact) => artifact.name === 'answer')!.parts[0].text).toBe('noted: May 4');
+    await new Promise((resolve) => setTimeout(resolve, 4000));
+    expect(await pathOf(answered.id)).toEqual(['"asking"', '"answered"']);
+    expect(asJson(await client.getTask({ id: answered.id } as never)).status.state).toBe('TASK_STATE_COMPLETED');
   });
 });

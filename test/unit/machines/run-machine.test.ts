@@ -14,7 +14,7 @@ describe('run machine', () => {
     expect(allowedFrom(runMachine, 'COMPLETE')).toEqual(['running']);
     expect(allowedFrom(runMachine, 'CANCEL')).toEqual(['queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency', 'waiting_for_timer']);
     expect(allowedFrom(runMachine, 'SUSPEND_FOR_TIMER')).toEqual(['running']);
-    expect(allowedFrom(runMachine, 'TIMER_DUE')).toEqual(['waiting_for_timer']);
+    expect(allowedFrom(runMachine, 'TIMER_DUE')).toEqual(['waiting_for_approval', 'waiting_for_input', 'waiting_for_dependency', 'waiting_for_timer']);
     expect(allowedFrom(runMachine, 'APPROVAL_DECIDED')).toEqual(['waiting_for_approval']);
     expect(targetOf(runMachine, 'REQUEUE')).toBe('queued');
     expect(() => allowedFrom(runMachine, 'NOPE')).toThrow();

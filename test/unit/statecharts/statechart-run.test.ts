@@ -141,6 +141,25 @@ describe('runStatechart', () => {
     });
   });
 
+  it('a restored run that leaves a waiting state by its deadline drops the step it waited on', async () => {
+    const deadline = setup({ actors: { ask: askInput } }).createMachine({
+      id: 'deadline',
+      initial: 'asking',
+      states: { asking: { invoke: { id: 'question', src: 'ask', input: { prompt: 'when?' }, onDone: 'answered' }, after: { 50: 'late' } }, answered: { type: 'final' }, late: { type: 'final' } },
+    });
+    const definition = definitionOf(deadline);
+    const first = memoryHost();
+    // The deadline is short, so the first run waits it out in process; take the record it committed at the start instead.
+    await runStatechart(definition, { record: null, input: {}, answer: null }, first);
+    const atStart = JSON.parse(JSON.stringify(first.commits[0]!.record)) as MachineRecord;
+    expect(atStart.running.map((step) => step.id)).toEqual(['question']);
+    const restored = memoryHost();
+    const result = await runStatechart(definition, { record: atStart, input: null, answer: null }, restored);
+    expect(result.kind).toBe('complete');
+    const last = restored.commits.at(-1)!;
+    expect([last.value, last.record.running]).toEqual(['late', []]);
+  });
+
   it('refuses at load a machine with an effect it could not carry out durably', () => {
     const effectful = setup({ actors: { work } }).createMachine({
       id: 'effectful',
