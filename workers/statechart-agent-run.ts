@@ -88,30 +88,30 @@ export function statechartInputOf(state: LoopState): StatechartInput {
   };
 }
 
+type Answer = { stepId: string; output: unknown; error?: unknown };
+
 /**
- * The answer a resumed run brings to the step it waited for: the reply, the decision or the remote
- * outcome. A tool call that waited for its approval gets none when approved (the step runs now)
- * and an error when denied.
+ * What a resumed run brings to the step it waited for: the reply, the decision or the remote
+ * outcome as its answer; or, for a tool call that waited for its approval, the call to run now
+ * (approved; the step is still in the record) or an error (denied).
  */
-function answerOf(state: StatechartState, agent: RegisteredAgent): { stepId: string; output: unknown; error?: unknown } | null {
+function resumeOf(state: StatechartState, agent: RegisteredAgent): { answer: Answer | null; approvedCall: string | null } {
   const waiting = state.waiting;
   const resume = state.resume;
-  if (!waiting || !resume) return null;
-  const toolApproval = resume.kind === 'approval' && state.pendingApproval?.kind === 'tools' && state.pendingApproval.calls.some((call) => call.id === waiting.key && agent.tools.get(call.name)?.needsApproval === true);
+  if (!waiting || !resume) return { answer: null, approvedCall: null };
   switch (resume.kind) {
     case 'input':
-      return { stepId: waiting.id, output: resume.value };
-    case 'approval':
-      if (toolApproval) return resume.approved ? null : { stepId: waiting.id, output: null, error: { message: 'an operator did not approve the call', reason: 'approval_denied' } };
-      return { stepId: waiting.id, output: { approved: resume.approved } };
+      return { answer: { stepId: waiting.id, output: resume.value }, approvedCall: null };
+    case 'approval': {
+      const toolCall = state.pendingApproval?.kind === 'tools' && state.pendingApproval.calls.some((call) => call.id === waiting.key && agent.tools.get(call.name)?.needsApproval === true);
+      if (!toolCall) return { answer: { stepId: waiting.id, output: { approved: resume.approved } }, approvedCall: null };
+      if (resume.approved) return { answer: null, approvedCall: waiting.key };
+      return { answer: { stepId: waiting.id, output: null, error: { message: 'an operator did not approve the call', reason: 'approval_denied' } }, approvedCall: null };
+    }
     case 'tool_result': {
-      let output: unknown = resume.content;
-      try {
-        output = JSON.parse(resume.content);
-      } catch {
-        // Not JSON: the content as text.
-      }
-      return { stepId: waiting.id, output };
+      // The remote outcome as JSON, or as text when it is not.
+      const parsed = tryJson(resume.content);
+      return { answer: { stepId: waiting.id, output: parsed === undefined ? resume.content : parsed }, approvedCall: null };
     }
   }
 }
@@ -283,11 +283,9 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     },
   };
 
-  const answer = answerOf(state, agent);
-  /** Tool calls an operator approved: the resumed run performs them (the step is still in the record). */
-  const approvedCalls = new Set<string>(
-    answer === null && state.resume?.kind === 'approval' && state.resume.approved && state.waiting ? [state.waiting.key] : [],
-  );
+  const { answer, approvedCall } = resumeOf(state, agent);
+  /** Tool calls an operator approved: the resumed run performs them. */
+  const approvedCalls = new Set<string>(approvedCall === null ? [] : [approvedCall]);
   const record = state.machine ?? null;
   const result = await runStatechart(definition, { record, input: statechartInputOf(state), answer }, host);
   // The decision or reply is consumed: a later suspension stores its own.
@@ -301,7 +299,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     case 'fail': {
       if (result.message !== undefined) audit.record({ kind: 'machine_error', meta: result.detail, content: { error: result.message } });
       const failed = [...failures.values()][0];
-      if (failed && (result.detail.reason === 'machine_error' || result.detail.reason === 'step_failed')) {
+      if (failed && result.detail.reason === 'machine_error') {
         if ((REASONS_BY_TERMINAL_STATUS.completed as readonly string[]).includes(failed.reason)) {
           return { outcome: { kind: 'complete', reason: failed.reason as CompletionReason, answer: null }, state, artifacts: [] };
         }

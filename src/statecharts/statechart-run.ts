@@ -129,9 +129,11 @@ export function resultOfOutput(output: unknown): { answer: string | null; artifa
 /** A state value as one name: "asking", or JSON for a nested or parallel value. */
 const stateName = (value: unknown): string => (typeof value === 'string' ? value : JSON.stringify(value));
 
-function activeIds(snapshot: AnyMachineSnapshot): Set<string> {
-  return new Set((snapshot as unknown as { _nodes: AnyStateNode[] })._nodes.map((node) => node.id));
-}
+/** The state nodes the machine stands in (XState keeps them on the snapshot). */
+const nodesOf = (snapshot: AnyMachineSnapshot): readonly AnyStateNode[] => (snapshot as unknown as { _nodes: AnyStateNode[] })._nodes;
+const activeIds = (snapshot: AnyMachineSnapshot) => new Set(nodesOf(snapshot).map((node) => node.id));
+/** The invokes of the states the machine stands in: the only steps it can have. */
+const invokeIdsOf = (snapshot: AnyMachineSnapshot) => new Set(nodesOf(snapshot).flatMap((node) => node.invoke.map((invoke) => invoke.id)));
 
 /** The persisted snapshot without children: a run's steps are in the record, not actors. */
 function persisted(snapshot: AnyMachineSnapshot): unknown {
@@ -182,7 +184,7 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
     before = activeIds(snapshot);
     // A step of the record must still be an invoke of a state the run stands in, or its outcome
     // would reach nothing (an invoke renamed in the new definition): the run cannot go on.
-    const invokes = new Set((snapshot as unknown as { _nodes: AnyStateNode[] })._nodes.flatMap((node) => node.invoke.map((invoke) => invoke.id)));
+    const invokes = invokeIdsOf(snapshot);
     const orphan = [...record.running, ...(start.answer ? [{ id: start.answer.stepId }] : [])].find((step) => !invokes.has(step.id));
     if (orphan) {
       return {
@@ -215,7 +217,7 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
   /** Carries out a transition's actions into the record; returns what it shows. */
   function carryOut(list: readonly Action[], next: AnyMachineSnapshot, entered: Set<string>): Shown {
     const shown: Shown = { statuses: [], artifacts: [] };
-    for (const node of (next as unknown as { _nodes: AnyStateNode[] })._nodes) {
+    for (const node of nodesOf(next)) {
       const status = (node.meta as { status?: unknown } | undefined)?.status;
       if (!entered.has(node.id) && typeof status === 'string') shown.statuses.push(status);
     }
@@ -228,13 +230,6 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
           forget(id);
           record.running.push({ id, src: String(src), input: input ?? null, key: `${record.nextStep}-${id}` });
           record.nextStep += 1;
-          break;
-        }
-        case 'xstate.stopChild': {
-          // A restored snapshot has no children, so XState names none here: the steps of states
-          // left are found below, by the invokes of the states the machine stands in now.
-          const id = (params?.actorRef as { id?: string } | undefined)?.id;
-          if (id !== undefined) forget(id);
           break;
         }
         case 'xstate.raise':
@@ -264,8 +259,10 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
           break;
       }
     }
-    // Only the invokes of the states the machine stands in now have steps.
-    const invoked = new Set((next as unknown as { _nodes: AnyStateNode[] })._nodes.flatMap((node) => node.invoke.map((invoke) => invoke.id)));
+    // The steps of states left are dropped here, not by XState's stopChild: a restored snapshot has
+    // no children, so stopChild names none. Only the invokes of the states the machine stands in
+    // now keep their steps.
+    const invoked = invokeIdsOf(next);
     for (const step of record.running) if (!invoked.has(step.id)) forget(step.id);
     return shown;
   }
@@ -333,7 +330,7 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
           if (earliest) return { kind: 'sleep', dueAt: earliest.dueAt, record };
           return {
             kind: 'fail',
-            detail: { reason: 'machine_error', error: `the machine rests in ${JSON.stringify(snapshot.value)} with no step running and no timer: it waits for an event nothing can send` },
+            detail: { reason: 'machine_error', state: stateName(snapshot.value), error: 'the machine rests with no step running and no timer: it waits for an event nothing can send' },
           };
         }
       }
