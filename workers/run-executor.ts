@@ -48,7 +48,7 @@ import type { FastRun, FastRunSlot, FastRuns } from '../src/runs/fast-runs.js';
 import type { RunRequest } from '../src/runs/run-request.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
-import { runStatechartAgent, type StatechartRunResult } from './statechart-agent-run.js';
+import { runStatechartAgent } from './statechart-agent-run.js';
 
 // The runs queue's processor: claims a run, rebuilds it from its sealed request (or suspended
 // turn), steps the agent loop machine through its pure transitions, and settles, suspends or stops. Every write is
@@ -73,6 +73,9 @@ export type ExecutorOptions = RetryPolicy & {
   /** The push outbox's bounds, for the deliveries a run's end writes with its journal rows. */
   projection?: ProjectionOptions;
 };
+
+/** How a run's loop or machine ended, with the state to settle it from (and a statechart output's artifacts). */
+type DrivenRun = { outcome: LoopOutcome; state: LoopState; artifacts: readonly ArtifactEmission[] };
 
 export type ExecutionReport =
   | { kind: 'skipped' }
@@ -543,11 +546,22 @@ export function createRunExecutor(
       return verdict;
     };
 
-    if (agent.statechart) {
-      // A statechart agent: its own machine drives the run, durable transition by transition.
-      let ran: StatechartRunResult;
-      try {
-        ran = await runStatechartAgent({
+    const steps: MachineSteps<typeof agentLoopMachine> = {
+      checkpoint: () => checkpoint(),
+      checkGuardrails: (input) => checkGuardrails(input),
+      callModel: ({ context: state }) => callModel(state),
+      runTools: ({ context: state, calls }) => runTools(state, calls),
+    };
+    const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
+
+    /**
+     * How the run ends: stepped through the agent loop, or driven by a statechart agent's own
+     * machine, durable transition by transition (its output's artifacts are part of the result,
+     * written by the completion transaction).
+     */
+    const drive = async (): Promise<DrivenRun> => {
+      if (agent.statechart) {
+        return runStatechartAgent({
           pool,
           sealer,
           runId,
@@ -568,38 +582,21 @@ export function createRunExecutor(
             afterCommit(runId);
           },
         });
-      } catch (error) {
-        lease.stop();
-        runLog.error({ err: error }, 'statechart run crashed; the run stays claimed until its lease expires');
-        throw error;
       }
-      lease.stop();
-      // The output's artifacts are part of the result: the completion transaction stores them.
-      return settleOutcome(ran.outcome, ran.state, ran.artifacts);
-    }
-
-    const steps: MachineSteps<typeof agentLoopMachine> = {
-      checkpoint: () => checkpoint(),
-      checkGuardrails: (input) => checkGuardrails(input),
-      callModel: ({ context: state }) => callModel(state),
-      runTools: ({ context: state, calls }) => runTools(state, calls),
-    };
-    const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
-    let outcome: LoopOutcome;
-    let finalState: LoopState;
-    try {
       const stepped = await loopStepper.run({ ...rebuilt.state, limits, outcome: null }, steps);
-      outcome = stepped.output;
-      const { limits: _limits, outcome: _outcome, ...rest } = stepped.context;
-      finalState = rest;
+      const { limits: _limits, outcome: _outcome, ...state } = stepped.context;
+      return { outcome: stepped.output, state, artifacts: [] };
+    };
+    let driven: DrivenRun;
+    try {
+      driven = await drive();
     } catch (error) {
-      lease.stop();
-      runLog.error({ err: error }, 'agent loop crashed; the run stays claimed until its lease expires');
+      runLog.error({ err: error }, 'the run crashed; it stays claimed until its lease expires');
       throw error;
     } finally {
       lease.stop();
     }
-    return settleOutcome(outcome, finalState);
+    return settleOutcome(driven.outcome, driven.state, driven.artifacts);
 
     /** `resultArtifacts`: artifacts of the result (a statechart's output), written by the completion transaction. */
     async function settleOutcome(result: LoopOutcome, state: LoopState, resultArtifacts: readonly ArtifactEmission[] = []): Promise<ExecutionReport> {
