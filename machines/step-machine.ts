@@ -232,7 +232,7 @@ export function createMachineStepper<TMachine extends AnyStateMachine>(machine: 
 }
 
 /** Every state node of a machine, the root included. */
-function stateNodesOf(node: AnyStateNode): AnyStateNode[] {
+export function stateNodesOf(node: AnyStateNode): AnyStateNode[] {
   return [node, ...Object.values(node.states).flatMap((child) => stateNodesOf(child))];
 }
 

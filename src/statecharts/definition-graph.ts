@@ -1,4 +1,5 @@
 import type { AnyStateMachine, AnyStateNode } from 'xstate';
+import { stateNodesOf } from '../../machines/step-machine.js';
 
 // A statechart agent's machine as a graph of named states and transitions, read from the JSON of
 // its definition (docs/statechart-agents.md, "Seen live"). The same reading serves the machine a process runs
@@ -14,11 +15,6 @@ import type { AnyStateMachine, AnyStateNode } from 'xstate';
 //   - transitions of the machine itself (an `on` at the root) start from the pseudo-state "*".
 
 /** The state a transition on the machine itself leaves from: any state. */
-/** Every state node of a machine, the root included. */
-export function stateNodesOf(node: AnyStateNode): AnyStateNode[] {
-  return [node, ...Object.values(node.states).flatMap((child) => stateNodesOf(child))];
-}
-
 export const ANY_STATE = '*';
 /** The event of a nest edge (a compound state entering its initial child) and of a run's first step. */
 export const INIT_EVENT = 'xstate.init';

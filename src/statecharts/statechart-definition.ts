@@ -3,7 +3,8 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { AnyStateMachine, AnyStateNode } from 'xstate';
 import { canonicalJson } from '../../machines/turn-digest.js';
-import { definitionJson, stateNodesOf } from './definition-graph.js';
+import { stateNodesOf } from '../../machines/step-machine.js';
+import { definitionJson } from './definition-graph.js';
 import { stepMarkerOf, type StepMarker } from './steps.js';
 
 // A statechart agent's machine as Keel loads it at start (docs/statechart-agents.md): the module
@@ -43,8 +44,6 @@ function isMachine(value: unknown): value is AnyStateMachine {
 export function definitionHash(machine: AnyStateMachine): string {
   return createHash('sha256').update(canonicalJson(definitionJson(machine))).digest('hex').slice(0, 16);
 }
-
-export { stateNodesOf };
 
 /** Checks a machine can run as a statechart agent; returns its steps by actor name, or the reasons it cannot. */
 export function checkStatechart(machine: AnyStateMachine, where: string): { ok: true; steps: Map<string, StepMarker> } | { ok: false; problems: string[] } {
