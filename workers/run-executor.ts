@@ -619,15 +619,8 @@ export function createRunExecutor(
           const taskId = run!.task_id;
           const settled = await settleEnd(runId, taskId, () =>
             complete({
-              beforeSettle: async (transaction) => {
-                await audit.flushWithin(transaction);
-                if (resultArtifacts.length === 0) return;
-                // Under the completion's lock, at the revision its settle reaches.
-                const held = await lockHeldRun(transaction, runId, workerId);
-                if (!held) return;
-                const outputs = resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`));
-                await appendRunOutputs(transaction, sealer, runId, held.revision + 1, held.answerLevel, outputs);
-              },
+              beforeSettle: (transaction) => audit.flushWithin(transaction),
+              resultOutputs: resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`)),
               takeAuditInsert: () => audit.takeUnrefusableInsert(),
               rolledBack: () => audit.restoreTaken(),
               taskId,

@@ -10,7 +10,7 @@ import { mergeArtifacts } from './merge-artifacts.js';
 import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type JournalWrite, type ProjectionOptions } from './journal-writer.js';
 import { openSealed, scrubTaskContent, writeTaskResult, type TaskRow } from './task-repository.js';
 import type { Artifact, Message, TaskState } from '../protocol/wire.js';
-import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type StoredRunOutput } from '../runs/run-output-repository.js';
+import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type NewRunOutput, type StoredRunOutput } from '../runs/run-output-repository.js';
 import type { RunRow } from '../runs/run-row.js';
 import { settleRun, type RunTotals, type SettleResult } from '../runs/run-repository.js';
 
@@ -32,6 +32,11 @@ export type CompletionInput = {
   taskId: string | null;
   /** False when the run stored no artifacts: nothing to merge into the result or to journal. */
   hasOutputs: boolean;
+  /**
+   * Artifacts that are part of the result itself (a statechart agent's output), written under the
+   * completion's lock at the revision its settle reaches, then merged and journaled with the rest.
+   */
+  resultOutputs?: readonly NewRunOutput[];
   /** The push outbox's bounds, for the deliveries written with the journal. */
   projection?: ProjectionOptions;
   /**
@@ -269,7 +274,9 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
     return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
   }
 
-  const outputs = run.has_outputs ? await listRunOutputs(transaction, sealer, input.runId) : [];
+  const resultOutputs = input.resultOutputs ?? [];
+  if (resultOutputs.length > 0) await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, resultOutputs);
+  const outputs = run.has_outputs || resultOutputs.length > 0 ? await listRunOutputs(transaction, sealer, input.runId) : [];
   const { artifacts, statusMessage, directMessage } = answerResult(run.task_id, task.context_id, input, mergeArtifacts(outputs));
   const stored = await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage }, task.history, auditInsert);
   const completed = await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });

@@ -19,6 +19,7 @@ import { waitFor } from '../../support/wait-for.js';
 const MACHINE = new URL('../../fixtures/statecharts/order.machine.ts', import.meta.url).pathname;
 const ASSISTANT = new URL('../../fixtures/statecharts/assistant.machine.ts', import.meta.url).pathname;
 const REMINDER = new URL('../../fixtures/statecharts/reminder.machine.ts', import.meta.url).pathname;
+const QUIET = new URL('../../fixtures/statecharts/quiet.machine.ts', import.meta.url).pathname;
 const emailLog = join(tempDir('keel-statechart-mail-'), 'mail.log');
 const stepLog = join(tempDir('keel-statechart-'), 'steps.log');
 
@@ -43,6 +44,7 @@ beforeAll(async () => {
         { id: 'emails', name: 'Emails', machine: ASSISTANT, provider: 'plans-email', tools: ['send_email'] },
         { id: 'no-provider', name: 'No provider', machine: ASSISTANT, tools: ['lookup'] },
         { id: 'reminder', name: 'Reminder', machine: REMINDER },
+        { id: 'quiet', name: 'Quiet', machine: QUIET },
       ],
     },
   });
@@ -253,5 +255,17 @@ describe('a statechart agent over A2A', () => {
     await new Promise((resolve) => setTimeout(resolve, 4000));
     expect(await pathOf(answered.id)).toEqual(['"asking"', '"answered"']);
     expect(asJson(await client.getTask({ id: answered.id } as never)).status.state).toBe('TASK_STATE_COMPLETED');
+  });
+
+  it('a run that showed nothing before its end still gets its output\'s artifacts as the result', async () => {
+    const client = await sdkClient(keel.url, 'quiet', token);
+    const task = asJson(await client.sendMessage(textMessage('anything')));
+    expect(task.status.state).toBe('TASK_STATE_COMPLETED');
+    expect((task.artifacts as Json[]).map((artifact) => [artifact.name, artifact.parts[0].text ?? artifact.parts[0].data])).toEqual([
+      ['result', { quiet: true }],
+      ['notes', 'nothing to show'],
+      ['answer', 'quiet answer'],
+    ]);
+    expect(await journalStatuses(task.id)).toEqual(['TASK_STATE_WORKING', 'artifact result', 'artifact notes', 'artifact answer', 'TASK_STATE_COMPLETED']);
   });
 });
