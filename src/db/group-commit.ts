@@ -47,11 +47,6 @@ export class GroupCommit<I, R> {
     });
   }
 
-  /** How many items wait for a batch in flight to return. */
-  get waiting(): number {
-    return this.queue.length;
-  }
-
   private schedule(): void {
     if (this.inFlight >= this.lanes || this.scheduled) return;
     this.scheduled = true;
@@ -102,7 +97,8 @@ export class GroupCommit<I, R> {
       }
       // The batch rolled back as a whole: each item again on its own, so only the bad one fails.
       for (const pending of batch) this.writer.rolledBack?.(pending.item);
-      await Promise.all(batch.map((pending) => this.writer.writeOne(pending.item).then(pending.resolve, pending.reject)));
+      // One after another, inside this lane: the lanes stay the bound on transactions in flight.
+      for (const pending of batch) await this.writer.writeOne(pending.item).then(pending.resolve, pending.reject);
       return;
     }
     if (results.length !== batch.length) {

@@ -86,11 +86,6 @@ export function insertRunsStatement(rows: readonly ReturnType<typeof runValues>[
   return sql.fragment`INSERT INTO runs ${RUN_INSERT_COLUMNS} VALUES ${sql.join(rows, sql.fragment`, `)}`;
 }
 
-/** The INSERT of a new QUEUED run. */
-export function insertRunStatement(sealer: Sealer, input: CreateRunInput & { id: string }) {
-  return insertRunsStatement([runValues(sealer, input)]);
-}
-
 /** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */
 export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput, fast: FastStart | null = null): Promise<RunRow> {
   const id = input.id ?? randomUUID();

@@ -70,8 +70,12 @@ type Prepared = {
 };
 
 export async function completeRunsTogether(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, inputs: readonly CompletionInput[]): Promise<CompletionResult[]> {
-  const ids = [...new Set(inputs.map((input) => input.runId))];
-  const locked = await transaction.any(sql.type(lockedRow)`
+  // Only completions that may take the common path are locked here; the others (outputs to merge,
+  // no task) are written by completeRunWithin below, which locks and reads their rows itself. A
+  // run named twice takes no common path (each completion is written alone).
+  const unique = new Set(inputs.map((input) => input.runId)).size === inputs.length;
+  const ids = inputs.filter((input) => input.taskId !== null && !input.hasOutputs).map((input) => input.runId);
+  const locked = !unique || ids.length === 0 ? [] : await transaction.any(sql.type(lockedRow)`
     SELECT r.id AS run_id, r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at,
       t.context_id, t.owner, t.agent, t.metadata, t.created_at AS task_created_at, t.history,
       t.projected_revision, t.last_sequence, t.projected_state, now() AS tx_now
@@ -85,7 +89,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
   const prepared: Array<Prepared & { index: number }> = [];
   for (const [index, input] of inputs.entries()) {
     const row = byRun.get(input.runId);
-    if (!commonPath(input, row) || ids.length !== inputs.length) continue;
+    if (!commonPath(input, row)) continue;
     const level = row.answer_level as PrivacyLevel;
     const audit = input.takeAuditInsert?.() ?? null;
     await input.beforeSettle?.(transaction);

@@ -43,7 +43,7 @@ function claimedAtInsert(runId: string, at: number): CommittedRun {
  * The WORKING event that opens a fast run's journal: what the projector would write for the
  * claim (journalEventsSince, from a fresh task to a run RUNNING since `at`).
  */
-export function startedEvent(taskId: string, contextId: string, at: number): JournalEventDraft {
+function startedEvent(taskId: string, contextId: string, at: number): JournalEventDraft {
   const [event] = journalEventsSince(freshHead(taskId, contextId), claimedAtInsert(taskId, at), []);
   return event!;
 }
@@ -104,8 +104,8 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
           ? sql.fragment`(SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice)) FROM unnest(${sql.array(notices, 'text')}) AS notice)::int`
           : sql.fragment`0`
       } AS notified`);
-  if (result.tasks !== creations.length || result.events !== fast.length) {
-    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks and ${result.events} of ${fast.length} events`);
+  if (result.tasks !== creations.length || result.events !== fast.length || result.notified !== notices.length) {
+    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks, ${result.events} of ${fast.length} events and ${result.notified} of ${notices.length} notices`);
   }
 }
 
