@@ -3,6 +3,19 @@ import type { AnyStateMachine } from 'xstate';
 // Reads transition tables out of XState definitions, so repositories and diagrams never keep a
 // second, hand-written list of which status may follow which.
 
+/** Whether a module's export is an XState machine (made with createMachine or setup().createMachine). */
+export function isMachine(value: unknown): value is AnyStateMachine {
+  if (typeof value !== 'object' || value === null) return false;
+  const candidate = value as { root?: { states?: unknown }; config?: unknown; id?: unknown; transition?: unknown; getInitialSnapshot?: unknown };
+  return (
+    typeof candidate.id === 'string' &&
+    typeof candidate.transition === 'function' &&
+    typeof candidate.getInitialSnapshot === 'function' &&
+    typeof candidate.root?.states === 'object' &&
+    typeof candidate.config === 'object'
+  );
+}
+
 export type MachineEdge = { from: string; event: string; to: string; guarded: boolean };
 
 export function machineStates(machine: AnyStateMachine): string[] {

@@ -4,7 +4,7 @@ import { loadConfig, type KeelConfig } from '../config/load-config.js';
 import { readMigrations } from '../db/migrate.js';
 import { isConnectionError } from '../db/pool.js';
 import { createLogger, type KeelLogger } from '../log/logger.js';
-import { openDatabase } from '../runtime/open-database.js';
+import { openDatabase, unreachableDatabase } from '../runtime/open-database.js';
 
 export type GlobalOptions = { config?: string };
 
@@ -35,16 +35,14 @@ const migrationRow = z.object({ id: z.number() });
 /** Opens the database for a short command and checks the schema is current (never migrates). */
 export async function withDatabase<T>(config: KeelConfig, fn: (pool: DatabasePool, logger: KeelLogger, databaseUrl: string) => Promise<T>): Promise<T> {
   const logger = commandLogger();
-  // An unreachable database is a clear message and exit 3, whether the pool finds out when it is
-  // made or on its first query.
-  const unreachable = (error: unknown): never => {
-    if (isConnectionError(error)) throw new CliExit(EXIT.database, `cannot reach the database: ${(error as Error).message}`);
-    throw error;
-  };
-  const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 4, applicationName: 'keel-cli' }).catch(unreachable);
+  const opened = await openDatabase(config, logger, 'command', { maximumPoolSize: 4, applicationName: 'keel-cli' });
   if (!opened.ok) throw new CliExit(EXIT.database, opened.message);
   try {
-    return await checkSchema(opened.database.pool, logger, opened.database.url, fn).catch(unreachable);
+    return await checkSchema(opened.database.pool, logger, opened.database.url, fn);
+  } catch (error) {
+    // The server went away after the pool was made.
+    if (isConnectionError(error)) throw new CliExit(EXIT.database, unreachableDatabase(error));
+    throw error;
   } finally {
     await opened.database.close();
   }

@@ -210,6 +210,7 @@ export function registerMachinesCommand(program: Command): void {
         const [stored, groups, open] = await Promise.all([definitionsOf(pool, agentId), openRunsByState(pool, [agentId]), openRunsOf(pool, agentId, 100_000)]);
         const byVersion = new Map<string | null, number>();
         for (const group of groups) byVersion.set(group.machine_hash, (byVersion.get(group.machine_hash) ?? 0) + group.n);
+        const recorded = new Set(stored.map((row) => row.hash));
         const graphs = new Map<string, DefinitionGraph | null>(stored.map((row) => [row.hash, readDefinitionGraph(row.definition)]));
         graphs.set(definition.hash, current);
         const strandedRuns: StrandedRun[] = [];
@@ -230,14 +231,14 @@ export function registerMachinesCommand(program: Command): void {
         return {
           agent: agentId,
           file: definition.path,
-          current: { version: definition.hash, recorded: stored.some((row) => row.hash === definition.hash) },
+          current: { version: definition.hash, recorded: recorded.has(definition.hash) },
           openRuns: [...byVersion.entries()]
             .sort(([a], [b]) => (a === definition.hash ? -1 : b === definition.hash ? 1 : a === null ? 1 : b === null ? -1 : a.localeCompare(b)))
-            .map(([version, runs]) => ({ version, runs, current: version === definition.hash, recorded: stored.some((row) => row.hash === version) })),
+            .map(([version, runs]) => ({ version, runs, current: version === definition.hash, recorded: version !== null && recorded.has(version) })),
           versions: stored
             .filter((row) => row.hash !== definition.hash)
             .map((row) => {
-              const graph = readDefinitionGraph(row.definition);
+              const graph = graphs.get(row.hash) ?? null;
               return { version: row.hash, firstSeenAt: formatTime(row.first_seen_at), openRuns: byVersion.get(row.hash) ?? 0, changes: graph ? diffDefinitions(graph, current) : null };
             }),
           stranded: { total: strandedTotal, runs: strandedRuns },

@@ -1,6 +1,6 @@
 import type { DatabasePool } from 'slonik';
 import type { KeelConfig } from '../config/load-config.js';
-import { createDatabasePool } from '../db/pool.js';
+import { createDatabasePool, isConnectionError } from '../db/pool.js';
 import { lockDataDir, runningEmbeddedUrl, startEmbeddedPostgres, type DataDirLock, type EmbeddedPostgres } from '../db/embedded-postgres.js';
 import type { KeelLogger } from '../log/logger.js';
 
@@ -14,6 +14,20 @@ export type DatabaseHandle = {
 
 export type OpenDatabaseResult = { ok: true; database: DatabaseHandle } | { ok: false; message: string };
 
+/** What a command or `keel start` says when Postgres does not answer. */
+export const unreachableDatabase = (error: unknown) => `cannot reach the database: ${(error as Error).message}`;
+
+/** A pool on a server that is up (the pool connects when it is made): an unreachable one is a message, not a throw. */
+async function externalDatabase(url: string, poolOptions: { maximumPoolSize?: number; applicationName?: string }): Promise<OpenDatabaseResult> {
+  try {
+    const pool = await createDatabasePool(url, poolOptions);
+    return { ok: true, database: { url, pool, embedded: null, close: () => pool.end() } };
+  } catch (error) {
+    if (isConnectionError(error)) return { ok: false, message: unreachableDatabase(error) };
+    throw error;
+  }
+}
+
 /**
  * The database of a Keel process: `database.url` when set, else the embedded Postgres in dataDir.
  * `keel start` (mode 'server') owns the data directory and refuses a second server on it. Short
@@ -25,10 +39,7 @@ export async function openDatabase(
   mode: 'server' | 'command',
   poolOptions: { maximumPoolSize?: number; applicationName?: string } = {},
 ): Promise<OpenDatabaseResult> {
-  if (config.database.url) {
-    const pool = await createDatabasePool(config.database.url, poolOptions);
-    return { ok: true, database: { url: config.database.url, pool, embedded: null, close: () => pool.end() } };
-  }
+  if (config.database.url) return externalDatabase(config.database.url, poolOptions);
 
   const locked = lockDataDir(config.dataDir);
   let lock: DataDirLock | null = null;
@@ -41,8 +52,7 @@ export async function openDatabase(
     }
     const url = runningEmbeddedUrl(config.dataDir);
     if (!url) return { ok: false, message: `Keel (pid ${locked.pid}) holds ${config.dataDir} but its embedded database is not up yet; try again in a moment` };
-    const pool = await createDatabasePool(url, poolOptions);
-    return { ok: true, database: { url, pool, embedded: null, close: () => pool.end() } };
+    return externalDatabase(url, poolOptions);
   }
   lock = locked.lock;
 

@@ -6,6 +6,7 @@ import { canonicalJson } from '../../machines/turn-digest.js';
 import { stateNodesOf } from '../../machines/step-machine.js';
 import { definitionJson } from './definition-graph.js';
 import { stepMarkerOf, type StepMarker } from './steps.js';
+import { isMachine } from '../../machines/transitions.js';
 
 // A statechart agent's machine as Keel loads it at start (docs/statechart-agents.md): the module
 // named by the agent's `machine`, its XState machine, what it invokes, and the hash of its
@@ -26,16 +27,6 @@ export type LoadStatechartResult = { ok: true; definition: StatechartDefinition 
 
 /** The built-in actions a transition may hold; they are carried out by the run, durably. */
 const CARRIED_OUT = new Set(['xstate.assign', 'xstate.raise', 'xstate.cancel', 'xstate.emit']);
-
-function isMachine(value: unknown): value is AnyStateMachine {
-  return (
-    typeof value === 'object' &&
-    value !== null &&
-    typeof (value as AnyStateMachine).transition === 'function' &&
-    typeof (value as AnyStateMachine).getInitialSnapshot === 'function' &&
-    typeof (value as AnyStateMachine).root === 'object'
-  );
-}
 
 /**
  * The hash of a machine's definition as Keel stores it (definitionJson: eventless transitions and

@@ -3,6 +3,7 @@ import { basename, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { AnyStateMachine } from 'xstate';
 import { describeMachine, type MachineModel } from './statechart.js';
+import { isMachine } from '../../machines/transitions.js';
 
 // Which statecharts exist is read from machines/: every `*.machine.ts` (or `.js` once built) is
 // imported and each XState machine it exports is drawn, so adding a machine file adds its diagram.
@@ -18,12 +19,6 @@ const NOT_LIFECYCLES = new Set(['agentLoop']);
 const PREFERRED_ORDER = ['run', 'task', 'delivery', 'pushConfig', 'dependency'];
 
 export type CatalogEntry = { id: string; file: string; machine: AnyStateMachine; model: MachineModel };
-
-function isMachine(value: unknown): value is AnyStateMachine {
-  if (typeof value !== 'object' || value === null) return false;
-  const candidate = value as { root?: { states?: unknown }; config?: unknown; id?: unknown; transition?: unknown };
-  return typeof candidate.id === 'string' && typeof candidate.transition === 'function' && typeof candidate.root?.states === 'object' && typeof candidate.config === 'object';
-}
 
 const MACHINE_FILE = /^(.+)\.machine\.(ts|js|mjs)$/;
 
