@@ -1,6 +1,5 @@
-import { dirname } from 'node:path';
 import type { AgentConfig } from '../config/config-schema.js';
-import type { KeelConfig } from '../config/load-config.js';
+import { configBaseDir, type KeelConfig } from '../config/load-config.js';
 import type { Guardrail } from '../guardrails/guardrail.js';
 import { loadGuardrails } from '../guardrails/load-guardrails.js';
 import type { GuardedFetch } from '../net/guarded-fetch.js';
@@ -48,7 +47,7 @@ export type RegistryDeps = {
 };
 
 export async function buildAgentRegistry(config: KeelConfig, deps: RegistryDeps): Promise<BuildRegistryResult> {
-  const baseDir = config.source ? dirname(config.source) : process.cwd();
+  const baseDir = configBaseDir(config);
   const problems: string[] = [];
 
   const loaded = await loadToolModules(config.toolModules, baseDir);

@@ -1,6 +1,5 @@
-import { dirname } from 'node:path';
 import type { Command } from 'commander';
-import type { KeelConfig } from '../config/load-config.js';
+import { configBaseDir, type KeelConfig } from '../config/load-config.js';
 import { diffDefinitions, graphOfMachine, orphanedSteps, readDefinitionGraph, stateText, type DefinitionDiff, type DefinitionGraph } from '../statecharts/definition-graph.js';
 import { definitionsOf, openRunsByState, openRunsOf } from '../statecharts/definition-repository.js';
 import { loadStatechart, stateIdsOf, type StatechartDefinition } from '../statecharts/statechart-definition.js';
@@ -38,7 +37,7 @@ async function agentMachine(config: KeelConfig, agentId: string, lifecycles: rea
       `agent ${agentId} is not a statechart agent: its config names no machine${statechartAgents.length > 0 ? ` (statechart agents: ${statechartAgents.join(', ')})` : ''}`,
     );
   }
-  const baseDir = config.source ? dirname(config.source) : process.cwd();
+  const baseDir = configBaseDir(config);
   const loaded = await loadStatechart(agent.machine, baseDir, `agents.${index} (${agent.id})`);
   if (!loaded.ok) throw new CliExit(EXIT.config, `the machine of agent ${agentId} cannot be used:\n${loaded.problems.map((problem) => `  - ${problem}`).join('\n')}`);
   return loaded.definition;

@@ -2,14 +2,13 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative, resolve, sep } from 'node:path';
 import type { Command } from 'commander';
 import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
+import { AGENT_ID } from '../config/config-schema.js';
 
 // `keel new agent <name>`: scaffolds a statechart agent (docs/statechart-agents.md): a small machine
 // that uses Keel's steps, and a vitest test that runs it in memory with stand-ins for the steps. It
 // writes only new files and prints the config lines that serve the agent; it needs no config,
 // database or running Keel.
 
-/** The agent id rule of the config (src/config/config-schema.ts), so the name serves as the agent's id and file name. */
-const AGENT_NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export type ScaffoldAgentInput = {
   name: string;
@@ -162,7 +161,8 @@ describe('${name} machine', () => {
 /** Writes the machine and its test; refuses an invalid name or an existing file, and writes nothing then. */
 export function scaffoldAgent(input: ScaffoldAgentInput): ScaffoldAgentResult {
   const { name } = input;
-  if (!AGENT_NAME.test(name)) {
+  // The config's agent id rule, so the name serves as the agent's id and its files' name.
+  if (!AGENT_ID.test(name)) {
     return {
       ok: false,
       reason: 'invalid_name',

@@ -218,9 +218,10 @@ const guardrailSchema = z.discriminatedUnion('type', [
     .strict(),
 ]);
 
-const agentId = z
-  .string()
-  .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, 'expected lowercase letters, digits, - or _ (at most 63)');
+/** What an agent id may be: it names the agent's endpoint (and `keel new agent`'s files). */
+export const AGENT_ID = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+
+const agentId = z.string().regex(AGENT_ID, 'expected lowercase letters, digits, - or _ (at most 63)');
 
 const agentSchema = z
   .object({

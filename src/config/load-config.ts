@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { isAbsolute, resolve } from 'node:path';
+import { dirname, isAbsolute, resolve } from 'node:path';
 import { parseDocument } from 'yaml';
 import type { z } from 'zod';
 import { configSchema, type ParsedConfig } from './config-schema.js';
@@ -28,6 +28,11 @@ function findConfigFile(options: LoadConfigOptions, cwd: string): { path: string
   if (named) return { path: resolve(cwd, named), explicit: true };
   const fallback = resolve(cwd, DEFAULT_CONFIG_FILE);
   return { path: existsSync(fallback) ? fallback : null, explicit: false };
+}
+
+/** Where paths the config names (tool modules, machines, guardrail modules) are resolved from: the config file's directory. */
+export function configBaseDir(config: { source?: string | null | undefined }): string {
+  return config.source ? dirname(config.source) : process.cwd();
 }
 
 function readYaml(path: string): { ok: true; value: Record<string, unknown> } | { ok: false; problems: string[] } {
