@@ -8,8 +8,7 @@ import { completeRunsStatement } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
-import { JOURNAL_CHANNEL } from './journal.js';
-import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, journalRows, recordEventDeliveries, type JournalRow } from './journal-writer.js';
+import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, recordEventDeliveries, type JournalRow } from './journal-writer.js';
 import { prepareTaskResult } from './task-repository.js';
 
 // The completions of runs that end together, written by one statement in one transaction (group
@@ -160,17 +159,10 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
       WHERE t.id = v.id
       RETURNING t.id),
     settled AS (${completeRunsStatement(settles)} RETURNING r.*),
-    journal AS (
-      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
-      FROM ${sql.unnest(
-        journal.map((row) => [...row]),
-        ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'],
-      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      RETURNING 1),
+    journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (
       SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,
-        (SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice)) FROM unnest(${sql.array(notices, 'text')}) AS notice)::int AS notified)
+        (${notifyAllStatement(notices)}) AS notified)
     SELECT s.*, c.results, c.events, c.notified,
       ARRAY(SELECT p.id FROM push_configs p WHERE p.task_id = s.task_id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused') ORDER BY p.id) AS push_configs
     FROM settled s CROSS JOIN counts c`);

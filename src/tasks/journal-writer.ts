@@ -185,12 +185,7 @@ export async function writeJournalEvents(
   const written = await transaction.one(sql.type(journalWrite)`
     WITH ${
       rows.length > 0
-        ? sql.fragment`journal AS (
-      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
-      FROM ${sql.unnest(rows.map((row) => [...row]), ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'])}
-        AS t(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      RETURNING 1),`
+        ? sql.fragment`journal AS (${insertJournalRowsStatement(rows)} RETURNING 1),`
         : sql.fragment``
     } watermark AS (
       UPDATE a2a_tasks SET projected_revision = ${run.revision}, last_sequence = ${lastSequence}, projected_state = ${state}
@@ -223,6 +218,21 @@ export async function writeJournalEvents(
 
 /** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload (base64). */
 export type JournalRow = readonly [string, number, string, number, number, string, string | null, string];
+
+/** The INSERT of journal rows (journalRows), for a CTE of the caller's statement: the one way events are stored. */
+export function insertJournalRowsStatement(rows: readonly JournalRow[]) {
+  return sql.fragment`INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
+      FROM ${sql.unnest(
+        rows.map((row) => [...row]),
+        ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'],
+      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`;
+}
+
+/** NOTIFYs each notice at commit; the count of notices sent, for a CTE of the caller's statement. */
+export function notifyAllStatement(notices: readonly string[]) {
+  return sql.fragment`SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice))::int AS notified FROM unnest(${sql.array([...notices], 'text')}) AS notice`;
+}
 
 /**
  * The rows, watermark and NOTIFY payload of `events` written after the head at the run's

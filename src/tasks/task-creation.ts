@@ -4,8 +4,17 @@ import type { Sealer } from '../sealing/sealer.js';
 import { GroupCommit } from '../db/group-commit.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
 import { insertRunsStatement, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
-import { eventContext, JOURNAL_CHANNEL, journalNotice } from './journal.js';
-import { journalEventsSince, writeJournalEvents, type CommittedRun, type JournalEventDraft, type JournalHead, type ProjectionOptions } from './journal-writer.js';
+import {
+  insertJournalRowsStatement,
+  journalEventsSince,
+  journalRows,
+  notifyAllStatement,
+  writeJournalEvents,
+  type CommittedRun,
+  type JournalEventDraft,
+  type JournalHead,
+  type ProjectionOptions,
+} from './journal-writer.js';
 import { insertTasksStatement, taskValues, type NewTask } from './task-repository.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
@@ -76,12 +85,12 @@ const created = z.object({ tasks: z.number(), events: z.number(), notified: z.nu
  */
 export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
   const fast = creations.filter((creation) => creation.fast !== null);
-  const events = fast.map(({ task, fast: start }) => {
-    const event = startedEvent(task.id, task.contextId, start!.at);
-    const payload = sql.binary(sealer.sealJson(eventContext(task.id, 1), event.response));
-    return sql.fragment`(${task.id}::uuid, 1, ${task.id}::uuid, ${FIRST_CLAIM_REVISION}, 0, ${event.kind}, ${event.state}, ${payload})`;
-  });
-  const notices = fast.map(({ task }) => journalNotice(task.id, 1, false));
+  // Each fast task's journal from a fresh head: its WORKING event at the claim's revision.
+  const journals = fast.map(({ task, fast: start }) =>
+    journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]),
+  );
+  const events = journals.flatMap((journal) => journal.rows);
+  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
   const result = await db.one(sql.type(created)`
     WITH new_contexts AS (
       INSERT INTO contexts (owner, id) VALUES ${sql.join(
@@ -92,17 +101,13 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
     new_tasks AS (${insertTasksStatement(creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: 1 } })))} RETURNING id)
     ${
       events.length > 0
-        ? sql.fragment`, new_events AS (
-      INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      VALUES ${sql.join(events, sql.fragment`, `)} RETURNING task_id)`
+        ? sql.fragment`, new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)`
         : sql.fragment``
     }
     SELECT (SELECT count(*) FROM new_tasks)::int AS tasks,
       ${events.length > 0 ? sql.fragment`(SELECT count(*) FROM new_events)::int` : sql.fragment`0`} AS events,
       ${
-        notices.length > 0
-          ? sql.fragment`(SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice)) FROM unnest(${sql.array(notices, 'text')}) AS notice)::int`
-          : sql.fragment`0`
+        notices.length > 0 ? sql.fragment`(${notifyAllStatement(notices)})` : sql.fragment`0`
       } AS notified`);
   if (result.tasks !== creations.length || result.events !== fast.length || result.notified !== notices.length) {
     throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks, ${result.events} of ${fast.length} events and ${result.notified} of ${notices.length} notices`);
