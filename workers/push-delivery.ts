@@ -111,21 +111,25 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       const event = await readJournalEventToSend(transaction, sealer, delivery.task_id, delivery.event_sequence);
       if (!event) return 'gone' as const;
       // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
-      const number = await beginAttempt(transaction, delivery.id, 2 * options.timeoutMs + 1000);
-      return number === null ? ('not_due' as const) : { event, number };
+      const counted = await beginAttempt(transaction, delivery.id, 2 * options.timeoutMs + 1000);
+      return counted === null ? ('not_begun' as const) : { event, ...counted };
     });
     if (begun === 'gone') {
       await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
       return { kind: 'dead' };
     }
-    if (begun === 'not_due') return 'skipped';
-    const { event, number } = begun;
+    if (begun === 'not_begun') {
+      // The deadline passed between the check above and the attempt's own (on the database's clock).
+      if (delivery.deadline <= Date.now()) await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
+      return 'skipped';
+    }
+    const { event, attempt: number, startedAt } = begun;
     const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
     // Only `Authorization: Bearer`, from the config's authentication; the config's `token` is never sent.
     if (credentials !== null) headers.authorization = `${PUSH_AUTH_SCHEME} ${credentials}`;
-    const startedAt = Date.now();
+    const sentAt = Date.now();
     const result = await fetch({ url: delivery.url, method: 'POST', headers, body: JSON.stringify(event.response), timeoutMs: options.timeoutMs, maxResponseBytes: 64 * 1024 });
-    const durationMs = Date.now() - startedAt;
+    const durationMs = Date.now() - sentAt;
     const record = (outcome: string, statusCode: number | null, errorClass: string | null) =>
       recordAttempt(pool, delivery.id, { attempt: number, startedAt, durationMs, statusCode, outcome, errorClass });
 

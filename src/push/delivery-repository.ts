@@ -155,12 +155,17 @@ export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, 
  * the delivery for `leaseMs`: only a due delivery can begin, so a second wake-up (the sweeper, a
  * stalled job run again) never starts a second request while one is in flight. The attempt's
  * outcome replaces the lease; a worker that died leaves it to expire, and the delivery is retried.
+ * The deadline is checked here too, on the database's clock, and the attempt starts at the
+ * transaction's time: never past the deadline, however long the worker took since its own check.
+ * null: not begun (not pending, not due, or past its deadline).
  */
-export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<number | null> {
-  return db.maybeOneFirst(sql.type(z.object({ attempts: z.number() }))`
+export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<{ attempt: number; startedAt: number } | null> {
+  const begun = await db.maybeOne(sql.type(z.object({ attempts: z.number(), started_at: z.number() }))`
     UPDATE push_deliveries SET attempts = attempts + 1, updated_at = now(),
       next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
-    WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds' RETURNING attempts`);
+    WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds' AND deadline > now()
+    RETURNING attempts, (extract(epoch FROM now()) * 1000)::float8 AS started_at`);
+  return begun === null ? null : { attempt: begun.attempts, startedAt: begun.started_at };
 }
 
 export async function transitionDelivery(

@@ -45,7 +45,9 @@ describe('push.timeoutSeconds by default', () => {
     const requests = receiver.byDelivery(first.id);
     expect(requests).toHaveLength(2);
     await waitFor(async () => requests[0]!.aborted && requests[0]!.endedAt !== null, 'the hung request to be closed', 5000);
-    expect(requests[0]!.endedAt! - requests[0]!.at).toBeGreaterThanOrEqual(DEFAULT_TIMEOUT_MS - 100);
+    // Keel's clock starts before the connection is made (the address guard resolves the name
+    // first), so the receiver holds the request a little less than 15 s: 14.89 s once under load.
+    expect(requests[0]!.endedAt! - requests[0]!.at).toBeGreaterThanOrEqual(DEFAULT_TIMEOUT_MS - 500);
     expect(requests[1]!.at).toBeGreaterThanOrEqual(requests[0]!.endedAt!);
   });
 });
