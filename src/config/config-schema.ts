@@ -258,7 +258,11 @@ const agentSchema = z
 
 const runsSchema = z
   .object({
-    concurrency: z.number().int().min(1).max(1000).default(16),
+    /**
+     * Runs one worker process drives at once (docs/decisions/0028-run-slots-for-waiting-runs.md):
+     * a run mostly waits on a model or a remote agent, so a slot costs little while it waits.
+     */
+    concurrency: z.number().int().min(1).max(1000).default(64),
     /**
      * A process that runs workers runs the new tasks it receives itself while it has a free run
      * slot, without the queue (docs/decisions/0025-fast-path.md). Off: every run takes the queue.
