@@ -112,15 +112,16 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       if (!event) return 'gone' as const;
       // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
       const counted = await beginAttempt(transaction, delivery.id, 2 * options.timeoutMs + 1000);
-      return counted === null ? ('not_begun' as const) : { event, ...counted };
+      return counted.kind === 'begun' ? { event, ...counted } : counted.kind;
     });
     if (begun === 'gone') {
       await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
       return { kind: 'dead' };
     }
-    if (begun === 'not_begun') {
-      // The deadline passed between the check above and the attempt's own (on the database's clock).
-      if (delivery.deadline <= Date.now()) await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
+    if (begun === 'not_due') return 'skipped';
+    if (begun === 'past_deadline') {
+      // The deadline passed between the check above (this worker's clock) and the attempt's own.
+      await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
       return 'skipped';
     }
     const { event, attempt: number, startedAt } = begun;

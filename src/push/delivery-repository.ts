@@ -150,22 +150,38 @@ export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, 
     ON CONFLICT (delivery_id, attempt) DO NOTHING`);
 }
 
+export type BegunAttempt =
+  | { kind: 'begun'; attempt: number; startedAt: number }
+  | { kind: 'past_deadline' }
+  /** Not pending, or not due yet (a lease of another attempt, a retry time ahead). */
+  | { kind: 'not_due' };
+
+const begunRow = z.object({ past_deadline: z.boolean(), attempts: z.number().nullable(), started_at: z.number() });
+
 /**
  * Counts an attempt before it is made (a worker killed mid-POST still used that attempt) and leases
  * the delivery for `leaseMs`: only a due delivery can begin, so a second wake-up (the sweeper, a
  * stalled job run again) never starts a second request while one is in flight. The attempt's
  * outcome replaces the lease; a worker that died leaves it to expire, and the delivery is retried.
  * The deadline is checked here too, on the database's clock, and the attempt starts at the
- * transaction's time: never past the deadline, however long the worker took since its own check.
- * null: not begun (not pending, not due, or past its deadline).
+ * transaction's time: never past the deadline, however long the worker took since its own check
+ * (and whatever the skew between the worker's clock and the database's).
  */
-export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<{ attempt: number; startedAt: number } | null> {
-  const begun = await db.maybeOne(sql.type(z.object({ attempts: z.number(), started_at: z.number() }))`
-    UPDATE push_deliveries SET attempts = attempts + 1, updated_at = now(),
-      next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
-    WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds' AND deadline > now()
-    RETURNING attempts, (extract(epoch FROM now()) * 1000)::float8 AS started_at`);
-  return begun === null ? null : { attempt: begun.attempts, startedAt: begun.started_at };
+export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<BegunAttempt> {
+  const row = await db.maybeOne(sql.type(begunRow)`
+    WITH due AS (
+      SELECT id, deadline <= now() AS past_deadline FROM push_deliveries
+      WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds'
+      FOR UPDATE),
+    begun AS (
+      UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = now(),
+        next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
+      FROM due WHERE d.id = due.id AND NOT due.past_deadline
+      RETURNING d.attempts)
+    SELECT due.past_deadline, (SELECT attempts FROM begun) AS attempts, (extract(epoch FROM now()) * 1000)::float8 AS started_at FROM due`);
+  if (row?.past_deadline) return { kind: 'past_deadline' };
+  if (row?.attempts === undefined || row.attempts === null) return { kind: 'not_due' };
+  return { kind: 'begun', attempt: row.attempts, startedAt: row.started_at };
 }
 
 export async function transitionDelivery(

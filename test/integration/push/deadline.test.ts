@@ -1,6 +1,7 @@
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { afterAll, describe, expect, it } from 'vitest';
+import { beginAttempt } from '../../../src/push/delivery-repository.js';
 import { deliveriesOfConfig, findPushConfigs, resumePushConfig } from '../../../src/push/push-admin.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
@@ -108,5 +109,41 @@ describe('push.deadlineHours', () => {
       for (const attempt of await attemptsOf(pool, behind.id)) expect(attempt.started_at).toBeLessThanOrEqual(own);
     }
     expect(requested.every((id) => settled.some((row) => row.id === id))).toBe(true);
+  });
+
+  it("an attempt begins on the database's clock: a due delivery past its deadline is not begun, whatever the worker's clock said", async () => {
+    const keel = await startKeelWithDeadline({ KEEL_PUSH_DEADLINE_HOURS: '1' });
+    const token = await newClientToken(keel.context.pool);
+    const receiver = await startReceiver(() => ({ status: 401 }));
+    receivers.push(receiver);
+    const { taskId } = await sendWithPush(keel.url, token, 'echo', 'clock', { id: 'clock', url: receiver.url });
+    const pool = keel.context.pool;
+    // The config pauses on the 401 and its deliveries stay pending: none is attempted meanwhile.
+    await waitFor(async () => (await configState(pool, taskId, 'clock'))?.state === 'paused', 'the config to pause');
+    const [head] = await deliveriesOf(pool, taskId);
+    const attemptsBefore = (await attemptsOf(pool, head!.id)).length;
+    const counted = () => pool.oneFirst(sql.type(z.object({ attempts: z.number() }))`SELECT attempts FROM push_deliveries WHERE id = ${head!.id}`);
+    const before = await counted();
+
+    // Due, but its deadline passed a moment ago on the database's clock (a worker whose own clock
+    // lags would still have let it through): not begun, nothing counted.
+    await pool.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now(), deadline = now() - interval '1 millisecond' WHERE id = ${head!.id}`);
+    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 1000))).toEqual({ kind: 'past_deadline' });
+    expect(await counted()).toBe(before);
+
+    // Inside its deadline: begun, counted, started at the transaction's time, and leased.
+    await pool.query(sql.unsafe`UPDATE push_deliveries SET deadline = now() + interval '1 hour' WHERE id = ${head!.id}`);
+    const bounds = () => pool.oneFirst(sql.type(z.object({ now: z.number() }))`SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS now`);
+    const from = await bounds();
+    const begun = await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000));
+    const to = await bounds();
+    expect(begun).toEqual({ kind: 'begun', attempt: before + 1, startedAt: expect.any(Number) });
+    if (begun.kind !== 'begun') throw new Error('not begun');
+    expect(begun.startedAt).toBeGreaterThanOrEqual(from);
+    expect(begun.startedAt).toBeLessThanOrEqual(to);
+    expect(await counted()).toBe(before + 1);
+    // Leased by that attempt: a second wake-up does not begin another.
+    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000))).toEqual({ kind: 'not_due' });
+    expect((await attemptsOf(pool, head!.id)).length).toBe(attemptsBefore);
   });
 });
