@@ -179,8 +179,8 @@ export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, l
       FROM due WHERE d.id = due.id AND NOT due.past_deadline
       RETURNING d.attempts)
     SELECT due.past_deadline, (SELECT attempts FROM begun) AS attempts, (extract(epoch FROM now()) * 1000)::float8 AS started_at FROM due`);
-  if (row?.past_deadline) return { kind: 'past_deadline' };
-  if (row?.attempts === undefined || row.attempts === null) return { kind: 'not_due' };
+  if (row === null) return { kind: 'not_due' };
+  if (row.past_deadline || row.attempts === null) return { kind: 'past_deadline' };
   return { kind: 'begun', attempt: row.attempts, startedAt: row.started_at };
 }
 
