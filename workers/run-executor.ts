@@ -46,6 +46,7 @@ import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { FIRST_CLAIM_REVISION, isFirstClaim, type RunRow } from '../src/runs/run-row.js';
 import type { FastRun, FastRunSlot, FastRuns } from '../src/runs/fast-runs.js';
 import type { RunRequest } from '../src/runs/run-request.js';
+import { heldRowsOfFastRun } from '../src/tasks/task-creation.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
 import { runStatechartAgent } from './statechart-agent-run.js';
@@ -357,7 +358,7 @@ export function createRunExecutor(
             return;
           }
           options.onRunStarted?.('fast');
-          void inSlot(run.id, (slot) => executeClaimed(insertedRow(run), slot, run.request))
+          void inSlot(run.id, (slot) => executeClaimed(insertedRow(run), slot, run))
             .catch((error: Error) => logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'))
             .finally(() => fastChanged(-1));
         },
@@ -370,8 +371,9 @@ export function createRunExecutor(
     },
   };
 
-  async function executeClaimed(run: RunRow, slot: Slot, insertedRequest: RunRequest | null): Promise<ExecutionReport> {
+  async function executeClaimed(run: RunRow, slot: Slot, fast: FastRun | null): Promise<ExecutionReport> {
     const runId = run.id;
+    const insertedRequest = fast?.request ?? null;
     const runLog = logger.child({ runId, agent: run.agent });
 
     // A run claimed for the first time has no audit rows and no stored outputs yet.
@@ -381,6 +383,10 @@ export function createRunExecutor(
       await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
+    // A fast run's rows are known as its insert left them: its completion checks them instead of
+    // reading them (decision 0029). Not for a statechart agent's run (its revision moves as it
+    // goes) nor a task with a push config (its deliveries are written by the transaction).
+    const held = fast && !agent.statechart && !fast.task.pushConfigured ? heldRowsOfFastRun(fast) : null;
     const rebuilt = rebuild(run, agent, insertedRequest);
     if (!rebuilt.ok) {
       await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: rebuilt.detail }, taskId: run.task_id, hasOutputs: !fresh });
@@ -623,6 +629,7 @@ export function createRunExecutor(
               resultOutputs: resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`)),
               takeAuditInsert: () => audit.takeUnrefusableInsert(),
               rolledBack: () => audit.restoreTaken(),
+              ...(held ? { held, takeAuditRows: () => audit.takeUnrefusableRows() } : {}),
               taskId,
               hasOutputs: storedOutputs > 0 || resultArtifacts.length > 0,
               runId,

@@ -28,6 +28,7 @@ import {
   listTaskRows,
   openSealed,
   recordClientReply,
+  sealTaskHistory,
   taskView,
   type TaskRow,
 } from '../tasks/task-repository.js';
@@ -272,6 +273,7 @@ export class A2AService {
       history: [stored],
       metadata: params.metadata ?? {},
     };
+    const sealedHistory = sealTaskHistory(sealer, task);
     const request = (earlier: Array<{ role: 'user' | 'assistant'; content: string }>) => ({
       messages: [...earlier, { role: 'user' as const, content: messageText(message) }],
       metadata: {
@@ -292,14 +294,14 @@ export class A2AService {
       if (!message.contextId && !pushInput) {
         // The common case, a first message: one statement, written with the other requests' creations.
         runRequest = request([]);
-        await this.creations.create({ task, run: { ...runInput, request: runRequest }, fast });
+        await this.creations.create({ task: { ...task, sealedHistory }, run: { ...runInput, request: runRequest }, fast });
       } else {
         runRequest = await pool.transaction(async (transaction) => {
           await ensureContext(transaction, caller.clientId, contextId);
           const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
           const asked = request(earlier);
           await createRun(transaction, sealer, { ...runInput, request: asked }, fast);
-          await insertTask(transaction, sealer, task, fast && { at: fast.at, journaled: null });
+          await insertTask(transaction, sealer, { ...task, sealedHistory }, fast && { at: fast.at, journaled: null });
           if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
           // The WORKING event through the journal's writer: a push config created above gets its delivery.
           if (fast) deliveries = await journalFastStart(transaction, sealer, { id: taskId, contextId }, fast.at, this.projectionOptions);
@@ -312,7 +314,17 @@ export class A2AService {
     }
     beforeWork?.(taskId);
     if (slot && fast) {
-      slot.start({ id: taskId, agent: runInput.agent, taskId, auditLevel: runInput.auditLevel, answerLevel: runInput.answerLevel, provider: runInput.provider, request: runRequest, at: fast.at });
+      slot.start({
+        id: taskId,
+        agent: runInput.agent,
+        taskId,
+        auditLevel: runInput.auditLevel,
+        answerLevel: runInput.answerLevel,
+        provider: runInput.provider,
+        request: runRequest,
+        at: fast.at,
+        task: { contextId, owner: caller.clientId, metadata: task.metadata, history: sealedHistory, pushConfigured: pushInput !== undefined },
+      });
       if (deliveries.length > 0) await this.deps.onDeliveries?.(deliveries).catch((error: Error) => this.deps.logger.warn({ err: error, taskId }, 'push wake-ups for a new task failed; the sweeper adds them'));
       return ok({ taskId, afterSequence: 1 });
     }

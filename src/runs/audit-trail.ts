@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
+import { sql, type CommonQueryMethods, type FragmentSqlToken, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
@@ -28,7 +28,7 @@ export function auditPayload(level: PrivacyLevel, event: AuditEvent): Record<str
   }
 }
 
-type SerializedRow = [sequence: number, kind: string, payload: string, at: number];
+export type SerializedRow = [sequence: number, kind: string, payload: string, at: number];
 
 const serializedRow = (event: { sequence: number; kind: string; payload: Record<string, unknown>; at: number }): SerializedRow => [
   event.sequence,
@@ -43,6 +43,24 @@ const REFUSED_ESCAPE = /\\u(0000|d[89a-f])/i;
 /** Whether Postgres cannot refuse the row's text: printable ASCII, no \u0000, no lone surrogate. */
 function cannotBeRefused(row: SerializedRow): boolean {
   return PRINTABLE_ASCII.test(row[1]) && PRINTABLE_ASCII.test(row[2]) && !REFUSED_ESCAPE.test(row[2]);
+}
+
+/**
+ * The INSERT of audit rows (of one run or of several, written together), for a statement of its
+ * own or a CTE of a larger one. Rows stored already are skipped by their keys (a trail given back
+ * after a rollback). With `onlyRunsOf`, only the rows of the runs that CTE of the same statement
+ * names (`run_id`).
+ */
+export function insertAuditRowsStatement(rows: ReadonlyArray<{ runId: string; row: SerializedRow }>, onlyRunsOf: IdentifierSqlToken | null = null): FragmentSqlToken {
+  return sql.fragment`
+    INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
+    SELECT a.run_id, a.sequence, a.kind, a.payload, to_timestamp(a.at / 1000.0)
+    FROM ${sql.unnest(
+      rows.map(({ runId, row }) => [runId, ...row]),
+      ['uuid', 'int4', 'text', 'jsonb', 'float8'],
+    )} AS a(run_id, sequence, kind, payload, at)
+    ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`WHERE a.run_id IN (SELECT run_id FROM ${onlyRunsOf})`}
+    ON CONFLICT (run_id, sequence) DO NOTHING`;
 }
 
 /**
@@ -144,11 +162,7 @@ export class AuditTrail {
   }
 
   private insertFragment(rows: SerializedRow[]): FragmentSqlToken {
-    return sql.fragment`
-      INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
-      SELECT ${this.runId}::uuid, sequence, kind, payload, to_timestamp(at / 1000.0)
-      FROM ${sql.unnest(rows, ['int4', 'text', 'jsonb', 'float8'])} AS t(sequence, kind, payload, at)
-      ON CONFLICT (run_id, sequence) DO NOTHING`;
+    return insertAuditRowsStatement(rows.map((row) => ({ runId: this.runId, row })));
   }
 
   /**
@@ -157,11 +171,21 @@ export class AuditTrail {
    * buffered or a row could be refused (then flushWithin writes them in a savepoint).
    */
   takeUnrefusableInsert(): FragmentSqlToken | null {
-    if (this.pending.length === 0) return null;
+    const rows = this.takeUnrefusableRows();
+    return rows === null || rows.length === 0 ? null : this.insertFragment(rows);
+  }
+
+  /**
+   * The buffered events as rows for an insert the caller writes itself (a statement covering the
+   * trails of several runs), taken out of the buffer: empty when nothing is buffered, null when a
+   * row could be refused (nothing is taken; flushWithin writes them in a savepoint).
+   */
+  takeUnrefusableRows(): SerializedRow[] | null {
+    if (this.pending.length === 0) return [];
     const rows = this.pending.map(serializedRow);
     if (!rows.every(cannotBeRefused)) return null;
     this.taken.push(...this.pending.splice(0, this.pending.length));
-    return this.insertFragment(rows);
+    return rows;
   }
 
   /**

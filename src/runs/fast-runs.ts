@@ -18,6 +18,19 @@ export type FastRun = {
   request: RunRequest;
   /** When it was created and started (`runs.started_at = runs.created_at`). */
   at: number;
+  /**
+   * Its task as the same insert wrote it (WORKING since `at`, its WORKING event journaled), with
+   * the history's sealed bytes: the completion writes against this without reading the task first
+   * (src/tasks/complete-held-runs.ts), and answers from it.
+   */
+  task: {
+    contextId: string;
+    owner: string;
+    metadata: Record<string, unknown>;
+    history: Buffer | null;
+    /** A push config was written with the task: its deliveries need the completion transaction. */
+    pushConfigured: boolean;
+  };
 };
 
 /** A run slot held for a task about to be created; exactly one of `start` or `cancel` must follow. */

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { sql, type CommonQueryMethods } from 'slonik';
+import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import {
   REASONS_BY_TERMINAL_STATUS,
@@ -56,9 +56,6 @@ export type CreateRunInput = {
 /** A run about to be inserted already claimed by the inserting process (the fast path): its claim and the moment it starts. */
 export type FastStart = { claim: Claim; at: number };
 
-const RUN_INSERT_COLUMNS = sql.fragment`(id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
-  claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)`;
-
 /**
  * One run's row of an INSERT: QUEUED, or, with `fast`, already claimed by the inserting process
  * (the fast path, docs/decisions/0025-fast-path.md): the run machine's CLAIM applied at insert, so
@@ -70,20 +67,36 @@ const RUN_INSERT_COLUMNS = sql.fragment`(id, agent, status, audit_level, answer_
  * reaper requeues it like any claimed run.
  */
 export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }, fast: FastStart | null = null) {
-  const sealed = sql.binary(sealer.sealJson(queuedRequestContext(input.id), input.request));
-  const common = sql.fragment`${input.id}, ${input.agent}`;
-  const levels = sql.fragment`${input.auditLevel}, ${input.answerLevel}, ${input.provider ?? null}, ${input.taskId ?? null}, ${sealed}`;
-  if (fast === null) {
-    return sql.fragment`(${common}, ${'queued'}, ${levels}, NULL, NULL, NULL, now(), now(), now(), ${INSERTED_REVISION})`;
-  }
-  const at = sql.timestamp(new Date(fast.at));
-  return sql.fragment`(${common}, ${to('CLAIM')}, ${levels}, ${fast.claim.workerId},
-    now() + ${sql.interval({ seconds: fast.claim.leaseMs / 1000 })}, ${at}, ${at}, ${at}, ${at}, ${FIRST_CLAIM_REVISION})`;
+  const request = sealer.sealJson(queuedRequestContext(input.id), input.request).toString('base64');
+  return [
+    input.id,
+    input.agent,
+    fast === null ? 'queued' : to('CLAIM'),
+    input.auditLevel,
+    input.answerLevel,
+    input.provider ?? null,
+    input.taskId ?? null,
+    request,
+    fast?.claim.workerId ?? null,
+    fast?.claim.leaseMs ?? null,
+    fast?.at ?? null,
+    fast === null ? INSERTED_REVISION : FIRST_CLAIM_REVISION,
+  ];
 }
 
-/** The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one. */
-export function insertRunsStatement(rows: readonly ReturnType<typeof runValues>[]) {
-  return sql.fragment`INSERT INTO runs ${RUN_INSERT_COLUMNS} VALUES ${sql.join(rows, sql.fragment`, `)}`;
+/**
+ * The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one:
+ * the rows as arrays, so the text is the same for one run or sixty-four. A queued run is created
+ * at the transaction's time, a fast one at its `at` (NULL for a queued run).
+ */
+export function insertRunsStatement(rows: ReadonlyArray<ReturnType<typeof runValues>>) {
+  return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
+      claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)
+    SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, decode(v.request, 'base64'),
+      v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
+      coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision
+    FROM ${sql.unnest(rows as unknown[][], ['uuid', 'text', 'text', 'text', 'text', 'text', 'uuid', 'text', 'text', 'float8', 'float8', 'int8'])}
+      AS v(id, agent, status, audit_level, answer_level, provider, task_id, request, claimed_by, lease_ms, at, revision)`;
 }
 
 /** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */
@@ -349,23 +362,42 @@ export type SettleResult = { settled: true; run: RunRow } | { settled: false; cu
 const SETTLED = sql.fragment`claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
   queued_request = NULL, suspended_state = NULL, settled_at = now(), revision = revision + 1, updated_at = now()`;
 
-export type CompletedSettle = { runId: string; workerId: string; reason: CompletionReason; totals: RunTotals };
+export type CompletedSettle = {
+  runId: string;
+  workerId: string;
+  reason: CompletionReason;
+  totals: RunTotals;
+  /** The status time the writer chose (decision 0029, sql/0018); without it, the transaction's. */
+  at?: number;
+};
 
 /**
  * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
  * commit): what settleRun writes for each, guarded the same way (only from the statuses COMPLETE
- * leaves, only by the worker holding the run). The target is `r`: the caller returns `r.*`, not the VALUES too.
+ * leaves, only by the worker holding the run). The target is `r`: the caller returns `r.*`. With
+ * `onlyRunsOf`, only the runs that CTE of the same statement names (`run_id`): the ones it locked
+ * and found as the caller expected (complete-held-runs.ts).
  */
-export function completeRunsStatement(settles: readonly CompletedSettle[]) {
-  const rows = settles.map(
-    ({ runId, workerId, reason, totals }) => sql.fragment`(${runId}::uuid, ${workerId}::text, ${reason}::text, ${TRUNCATING_REASONS.includes(reason)}::boolean,
-      ${totals.iterations}::int4, ${totals.toolCalls}::int4, ${totals.inputTokens}::int8, ${totals.outputTokens}::int8)`,
-  );
+export function completeRunsStatement(settles: readonly CompletedSettle[], onlyRunsOf: IdentifierSqlToken | null = null) {
+  const rows = settles.map(({ runId, workerId, reason, totals, at }) => [
+    runId,
+    workerId,
+    reason,
+    TRUNCATING_REASONS.includes(reason),
+    totals.iterations,
+    totals.toolCalls,
+    totals.inputTokens,
+    totals.outputTokens,
+    at ?? null,
+  ]);
   return sql.fragment`
     UPDATE runs r SET status = ${to('COMPLETE')}, termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
-      ${SETTLED}, iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
-    FROM (VALUES ${sql.join(rows, sql.fragment`, `)}) AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens)
-    WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker`;
+      ${SETTLED}, status_changed_at = coalesce(to_timestamp(v.at / 1000.0), r.status_changed_at),
+      iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
+    FROM ${sql.unnest(rows, ['uuid', 'text', 'text', 'bool', 'int4', 'int4', 'int8', 'int8', 'float8'])}
+      AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens, at)
+    WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker
+      ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`AND r.id IN (SELECT run_id FROM ${onlyRunsOf})`}`;
 }
 
 const SETTLE_EVENT: Record<TerminalRunStatus, RunEventType> = { completed: 'COMPLETE', failed: 'FAIL', cancelled: 'CANCEL' };

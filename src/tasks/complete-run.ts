@@ -3,6 +3,8 @@ import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
+import type { SerializedRow } from '../runs/audit-trail.js';
+import type { HeldRows } from './complete-held-runs.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -39,6 +41,14 @@ export type CompletionInput = {
   resultOutputs?: readonly NewRunOutput[];
   /** The push outbox's bounds, for the deliveries written with the journal. */
   projection?: ProjectionOptions;
+  /**
+   * The run and task rows as this process knows them without reading (a fast run's insert): the
+   * completion is then written by one statement that checks them under its lock
+   * (complete-held-runs.ts, decision 0029), and by the transaction only when they changed.
+   */
+  held?: HeldRows;
+  /** The audit trail's last events as rows for that statement (AuditTrail.takeUnrefusableRows). */
+  takeAuditRows?: () => SerializedRow[] | null;
   /**
    * The transaction these writes rode in rolled back (a batch it shared with other runs failed):
    * what it took from the run (its audit rows) is given back before the completion is written again.

@@ -9,7 +9,7 @@ import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
 import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, recordEventDeliveries, type JournalRow } from './journal-writer.js';
-import { prepareTaskResult } from './task-repository.js';
+import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
 
 // The completions of runs that end together, written by one statement in one transaction (group
 // commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the
@@ -137,27 +137,20 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
 /** One statement: the batch's audit rows, results with watermarks, settles, journal rows and NOTIFYs; the settled runs with their tasks' push configs. */
 async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
   const audits = items.flatMap((item, index) => (item.audit ? [sql.fragment`${sql.identifier([`audit_${index}`])} AS (${item.audit})`] : []));
-  const results = items.map(({ row, stored, directMessage, revision, journal }) => {
-    const { sealed } = stored;
-    return sql.fragment`(${row.task_id!}::uuid, ${sealed.artifacts === null ? null : sql.binary(sealed.artifacts)}::bytea,
-      ${sealed.statusMessage === null ? null : sql.binary(sealed.statusMessage)}::bytea, ${stored.historyChanged}::boolean,
-      ${sealed.history === null ? null : sql.binary(sealed.history)}::bytea, ${directMessage}::boolean, ${row.answer_level}::text,
-      ${revision}::int8, ${journal.lastSequence}::int4)`;
-  });
+  const results = items.map(({ row, stored, directMessage, revision, journal }) => ({
+    taskId: row.task_id!,
+    stored,
+    directMessage,
+    answerLevel: row.answer_level,
+    revision,
+    lastSequence: journal.lastSequence,
+  }));
   const settles = items.map(({ input }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals }));
   const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
   const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
   const rows = await transaction.any(sql.type(settledRow)`
     WITH ${audits.length > 0 ? sql.fragment`${sql.join(audits, sql.fragment`, `)},` : sql.fragment``}
-    results AS (
-      UPDATE a2a_tasks t SET artifacts = v.artifacts, status_message = v.status_message,
-        history = CASE WHEN v.history_changed THEN v.history ELSE t.history END,
-        direct_message = v.direct_message, answer_level = v.answer_level,
-        projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED', updated_at = now()
-      FROM (VALUES ${sql.join(results, sql.fragment`, `)})
-        AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
-      WHERE t.id = v.id
-      RETURNING t.id),
+    results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles)} RETURNING r.*),
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (

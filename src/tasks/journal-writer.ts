@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods } from 'slonik';
+import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { RunStatus, TerminationReason } from '../../machines/run.machine.js';
 import type { StoredRunOutput } from '../runs/run-output-repository.js';
@@ -219,14 +219,15 @@ export async function writeJournalEvents(
 /** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload (base64). */
 export type JournalRow = readonly [string, number, string, number, number, string, string | null, string];
 
-/** The INSERT of journal rows (journalRows), for a CTE of the caller's statement: the one way events are stored. */
-export function insertJournalRowsStatement(rows: readonly JournalRow[]) {
+/** The INSERT of journal rows (journalRows), for a CTE of the caller's statement: the one way events are stored. With `onlyTasksOf`, only the rows of the tasks that CTE names. */
+export function insertJournalRowsStatement(rows: readonly JournalRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
       SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
       FROM ${sql.unnest(
         rows.map((row) => [...row]),
         ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'],
-      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)`;
+      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE j.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
 /** NOTIFYs each notice at commit; the count of notices sent, for a CTE of the caller's statement. */

@@ -2,6 +2,7 @@ import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
 import { GroupCommit } from '../db/group-commit.js';
+import { PREPARED } from '../db/prepared-statements.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
 import { insertRunsStatement, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
 import {
@@ -16,6 +17,8 @@ import {
   type ProjectionOptions,
 } from './journal-writer.js';
 import { insertTasksStatement, taskValues, type NewTask } from './task-repository.js';
+import type { FastRun } from '../runs/fast-runs.js';
+import type { HeldRows } from './complete-held-runs.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
 // fast path) and the task row, with the task's WORKING event for a fast run. The creations of
@@ -28,6 +31,9 @@ export type TaskCreation = {
   /** The fast path (docs/decisions/0025-fast-path.md): this process claims the run at insert and runs it. */
   fast: FastStart | null;
 };
+
+/** A fast run's task is inserted with one journal event, its WORKING. */
+const FAST_START_SEQUENCE = 1;
 
 /** The journal's head of a task just inserted: nothing journaled, SUBMITTED. */
 function freshHead(taskId: string, contextId: string): JournalHead {
@@ -55,6 +61,23 @@ function claimedAtInsert(runId: string, at: number): CommittedRun {
 function startedEvent(taskId: string, contextId: string, at: number): JournalEventDraft {
   const [event] = journalEventsSince(freshHead(taskId, contextId), claimedAtInsert(taskId, at), []);
   return event!;
+}
+
+/**
+ * A fast run's run and task rows as its insert left them (both ways of inserting it: the batched
+ * creation and the transaction that journalFastStart writes in), for its completion to check
+ * instead of reading them (complete-held-runs.ts).
+ */
+export function heldRowsOfFastRun(run: FastRun): HeldRows {
+  return {
+    runRevision: FIRST_CLAIM_REVISION,
+    answerLevel: run.answerLevel,
+    startedAt: run.at,
+    projectedRevision: FIRST_CLAIM_REVISION,
+    lastSequence: FAST_START_SEQUENCE,
+    projectedState: 'TASK_STATE_WORKING',
+    task: { contextId: run.task.contextId, owner: run.task.owner, metadata: run.task.metadata, history: run.task.history, agent: run.agent, createdAt: run.at },
+  };
 }
 
 /**
@@ -91,24 +114,20 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
   );
   const events = journals.flatMap((journal) => journal.rows);
   const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
-  const result = await db.one(sql.type(created)`
+  // One text for any batch (rows as arrays, the CTEs always there): prepared once per connection.
+  const result = await db.one(sql.type(created)`${PREPARED}
     WITH new_contexts AS (
-      INSERT INTO contexts (owner, id) VALUES ${sql.join(
-        creations.map(({ task }) => sql.fragment`(${task.owner}, ${task.contextId})`),
-        sql.fragment`, `,
-      )} RETURNING id),
+      INSERT INTO contexts (owner, id)
+      SELECT c.owner, c.id FROM ${sql.unnest(
+        creations.map(({ task }) => [task.owner, task.contextId]),
+        ['uuid', 'text'],
+      )} AS c(owner, id)
+      RETURNING id),
     new_runs AS (${insertRunsStatement(creations.map((creation) => runValues(sealer, creation.run, creation.fast)))} RETURNING id),
-    new_tasks AS (${insertTasksStatement(creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: 1 } })))} RETURNING id)
-    ${
-      events.length > 0
-        ? sql.fragment`, new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)`
-        : sql.fragment``
-    }
-    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks,
-      ${events.length > 0 ? sql.fragment`(SELECT count(*) FROM new_events)::int` : sql.fragment`0`} AS events,
-      ${
-        notices.length > 0 ? sql.fragment`(${notifyAllStatement(notices)})` : sql.fragment`0`
-      } AS notified`);
+    new_tasks AS (${insertTasksStatement(creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })))} RETURNING id),
+    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
+    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
+      (${notifyAllStatement(notices)}) AS notified`);
   if (result.tasks !== creations.length || result.events !== fast.length || result.notified !== notices.length) {
     throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks, ${result.events} of ${fast.length} events and ${result.notified} of ${notices.length} notices`);
   }

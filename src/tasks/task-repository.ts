@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
+import { sql, type CommonQueryMethods, type FragmentSqlToken, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import { applyLevel } from '../privacy/apply-level.js';
@@ -58,38 +58,60 @@ export type NewTask = {
   answerLevel: PrivacyLevel;
   history: Message[];
   metadata: Record<string, unknown>;
+  /** `history` sealed already (sealTaskHistory): the fast path keeps the bytes it wrote, to answer from them. */
+  sealedHistory?: Buffer | null;
 };
-
-const TASK_INSERT_COLUMNS = sql.fragment`(id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
-  projected_revision, last_sequence, projected_state)`;
 
 /** A task whose run its process claimed at insert (the fast path): WORKING since `at`, its WORKING event written with it or not. */
 export type TaskStart = { at: number; journaled: { revision: number; lastSequence: number } | null };
 
 /**
  * One task's row of an INSERT: SUBMITTED beside a QUEUED run, or WORKING since `start.at` beside
- * a run its process claimed at insert (the fast path). The state column follows the run's status
- * from then on (a trigger). The watermark says what the journal holds: nothing yet, or the
- * WORKING event the same statement writes (`start.journaled`).
+ * a run its process claimed at insert (the fast path; created then too, as its run is). The state
+ * column follows the run's status from then on (a trigger). The watermark says what the journal
+ * holds: nothing yet, or the WORKING event the same statement writes (`start.journaled`).
  */
 export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | null = null) {
-  const history = sealHistory(sealer, task.id, task.answerLevel, task.history);
-  const state = start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING';
+  const history = task.sealedHistory !== undefined ? task.sealedHistory : sealTaskHistory(sealer, task);
   const journaled = start?.journaled ?? null;
-  return sql.fragment`(${task.id}, ${task.contextId}, ${task.owner}, ${task.agent}, ${task.id}, ${state},
-    ${task.answerLevel}, ${history === null ? null : sql.binary(history)}, ${sql.jsonb(task.metadata as never)},
-    ${start === null ? sql.fragment`now()` : sql.timestamp(new Date(start.at))},
-    ${journaled?.revision ?? 0}, ${journaled?.lastSequence ?? 0}, ${journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED'})`;
+  return [
+    task.id,
+    task.contextId,
+    task.owner,
+    task.agent,
+    start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING',
+    task.answerLevel,
+    history === null ? null : history.toString('base64'),
+    JSON.stringify(task.metadata),
+    start?.at ?? null,
+    journaled?.revision ?? 0,
+    journaled?.lastSequence ?? 0,
+    journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED',
+  ];
 }
 
-/** The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one. */
-export function insertTasksStatement(rows: readonly ReturnType<typeof taskValues>[]) {
-  return sql.fragment`INSERT INTO a2a_tasks ${TASK_INSERT_COLUMNS} VALUES ${sql.join(rows, sql.fragment`, `)}`;
+/**
+ * The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one:
+ * the rows as arrays, one text for any number of tasks. A task is created (and its status stamped)
+ * at the transaction's time, or at its fast run's start.
+ */
+export function insertTasksStatement(rows: ReadonlyArray<ReturnType<typeof taskValues>>) {
+  return sql.fragment`INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
+      projected_revision, last_sequence, projected_state, created_at)
+    SELECT v.id, v.context_id, v.owner, v.agent, v.id, v.state, v.answer_level, decode(v.history, 'base64'), v.metadata,
+      coalesce(to_timestamp(v.at / 1000.0), now()), v.projected_revision, v.last_sequence, v.projected_state, coalesce(to_timestamp(v.at / 1000.0), now())
+    FROM ${sql.unnest(rows as unknown[][], ['uuid', 'text', 'uuid', 'text', 'text', 'text', 'text', 'jsonb', 'float8', 'int8', 'int4', 'text'])}
+      AS v(id, context_id, owner, agent, state, answer_level, history, metadata, at, projected_revision, last_sequence, projected_state)`;
 }
 
 /** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
 export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask, start: TaskStart | null = null): Promise<void> {
   await db.query(sql.unsafe`${insertTasksStatement([taskValues(sealer, task, start)])}`);
+}
+
+/** A new task's history as its row stores it: kept at the task's answer level, sealed. */
+export function sealTaskHistory(sealer: Sealer, task: Pick<NewTask, 'id' | 'answerLevel' | 'history'>): Buffer | null {
+  return sealHistory(sealer, task.id, task.answerLevel, task.history);
 }
 
 function sealHistory(sealer: Sealer, taskId: string, level: PrivacyLevel, history: Message[]): Buffer | null {
@@ -263,6 +285,45 @@ export function prepareTaskResult(
     sealed: { artifacts: sealedArtifacts, statusMessage: sealedStatus, history: newHistory ?? sealedHistory },
     historyChanged: newHistory !== null,
   };
+}
+
+/** A completion's result for writeTaskResultsStatement: the result as prepared, and the journal's watermark after its end. */
+export type CompletedTaskResult = {
+  taskId: string;
+  stored: ReturnType<typeof prepareTaskResult>;
+  directMessage: boolean;
+  answerLevel: string;
+  /** The run revision and last sequence the completion journals up to. */
+  revision: number;
+  lastSequence: number;
+};
+
+/**
+ * The results of completions as one UPDATE for a CTE of the caller's statement (group commit):
+ * each task's sealed result, history when it changed, level and journal watermark, COMPLETED.
+ * With `onlyTasksOf`, only the tasks that CTE of the same statement names (`task_id`).
+ */
+export function writeTaskResultsStatement(results: readonly CompletedTaskResult[], onlyTasksOf: IdentifierSqlToken | null = null) {
+  const base64 = (value: Buffer | null) => (value === null ? null : value.toString('base64'));
+  const rows = results.map(({ taskId, stored, directMessage, answerLevel, revision, lastSequence }) => [
+    taskId,
+    base64(stored.sealed.artifacts),
+    base64(stored.sealed.statusMessage),
+    stored.historyChanged,
+    stored.historyChanged ? base64(stored.sealed.history) : null,
+    directMessage,
+    answerLevel,
+    revision,
+    lastSequence,
+  ]);
+  return sql.fragment`
+    UPDATE a2a_tasks t SET artifacts = decode(v.artifacts, 'base64'), status_message = decode(v.status_message, 'base64'),
+      history = CASE WHEN v.history_changed THEN decode(v.history, 'base64') ELSE t.history END,
+      direct_message = v.direct_message, answer_level = v.answer_level,
+      projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED', updated_at = now()
+    FROM ${sql.unnest(rows, ['uuid', 'text', 'text', 'bool', 'text', 'bool', 'text', 'int8', 'int4'])}
+      AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
+    WHERE t.id = v.id ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`AND t.id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
 /** Removes every stored content of the task (a ceiling tightened to metadata or none mid-run). */

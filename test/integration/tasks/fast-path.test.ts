@@ -83,7 +83,7 @@ describe('a process with workers and a free run slot', () => {
   });
   afterAll(async () => fast?.dispose());
 
-  it('runs a new task itself: inserted claimed with its WORKING event, no claim and no queue job, two commits', async () => {
+  it('runs a new task itself: inserted claimed with its WORKING event, no claim and no queue job, two statements and two commits', async () => {
     await send(fast, fastToken, 'echo', 'warm up');
     const from = log.entries.length;
     const answer = await send(fast, fastToken, 'echo', 'hello fast');
@@ -100,6 +100,10 @@ describe('a process with workers and a free run slot', () => {
     // transactions. On the Postgres queue BullMQ's own polling commits too, so only on Redis.
     if (process.env.KEEL_TEST_QUEUE === 'redis') {
       expect(commits, sent.join('\n')).toBeLessThanOrEqual(2);
+      // The completion reads nothing first (decision 0029): one statement that checks the rows the
+      // insert left and writes, no transaction around it. A lone task is two round trips.
+      expect(sent, 'the creation, then the completion').toHaveLength(2);
+      expect(sent[1]).toMatch(/^\/\* keel:prepared \*\/\s*WITH held AS MATERIALIZED/);
     }
   });
 

@@ -265,7 +265,7 @@ describe('over A2A', () => {
     }
     // Every task was created by a creation statement of its own or shared (how many share one
     // depends on how the requests arrive; the batching itself is checked under 'creations').
-    const creations = log.since(from, /INSERT INTO contexts \(owner, id\) VALUES/);
+    const creations = log.since(from, /INSERT INTO contexts \(owner, id\)\s+SELECT c.owner, c.id FROM unnest/);
     expect(creations.length).toBeGreaterThan(0);
     expect(creations.length).toBeLessThanOrEqual(requests.length);
   });

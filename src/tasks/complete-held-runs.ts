@@ -1,0 +1,198 @@
+import { sql, type DatabasePool } from 'slonik';
+import { z } from 'zod';
+import { PREPARED } from '../db/prepared-statements.js';
+import type { PrivacyLevel } from '../privacy/privacy-level.js';
+import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
+import type { TaskState } from '../protocol/wire.js';
+import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
+import { completeRunsStatement } from '../runs/run-repository.js';
+import { runRow } from '../runs/run-row.js';
+import type { Sealer } from '../sealing/sealer.js';
+import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
+import { insertJournalRowsStatement, journalEventsSince, journalRows, type JournalRow } from './journal-writer.js';
+import { JOURNAL_CHANNEL } from './journal.js';
+import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
+
+// The completion of runs whose rows this process knows without reading them (decision 0029): a
+// fast run's run and task as its insert left them. One statement, committed on its own, locks the
+// run and task rows, checks that they are still exactly as the process expects, and writes for
+// the runs that pass what the completion transaction (complete-runs-together.ts) writes: the
+// audit rows, the result, the settle, the journal rows and the NOTIFY. It reads nothing first, so
+// a lone task's completion is one round trip and one commit, not four round trips. A run that
+// fails the check (cancelled, a ceiling tightened, an interim message journaled, a push config to
+// deliver to) gets nothing written and is completed by the transaction, which reads under its lock.
+
+/** What the completion of a held run expects its run and task rows to be (a fast run: as its insert wrote them). */
+export type HeldRows = {
+  /** The run's revision as this process last wrote it. */
+  runRevision: number;
+  answerLevel: PrivacyLevel;
+  startedAt: number;
+  /** The journal's head: its watermark, last sequence and state. */
+  projectedRevision: number;
+  lastSequence: number;
+  projectedState: TaskState;
+  task: { contextId: string; owner: string; agent: string; metadata: Record<string, unknown>; history: Buffer | null; createdAt: number };
+};
+
+/** Whether a completion can be written without reading first: its rows are known, nothing stored to merge, a result may be kept, its audit rows cannot be refused. */
+export function writableHeld(input: CompletionInput): input is CompletionInput & { held: HeldRows } {
+  return (
+    input.held !== undefined &&
+    input.taskId !== null &&
+    !input.hasOutputs &&
+    (input.resultOutputs?.length ?? 0) === 0 &&
+    answerIsRetainable(input.held.answerLevel) &&
+    input.takeAuditRows !== undefined
+  );
+}
+
+const outcomeRow = z
+  .object({ held: z.number(), results: z.number(), events: z.number(), notified: z.number(), audited: z.number(), id: z.string().nullable() })
+  .passthrough();
+
+type Item = {
+  input: CompletionInput & { held: HeldRows };
+  audit: SerializedRow[];
+  at: number;
+  revision: number;
+  stored: ReturnType<typeof prepareTaskResult>;
+  directMessage: boolean;
+  journal: ReturnType<typeof journalRows>;
+  eventCount: number;
+};
+
+/**
+ * Completes the held runs in one statement. The result of each is in the inputs' order: the
+ * completion as committed, or null for a run whose rows were not as expected (nothing of it was
+ * written; its audit rows are given back through `rolledBack`, and the caller completes it in a
+ * transaction). A statement that fails writes nothing; the caller writes each completion again.
+ */
+export async function completeHeldRuns(
+  pool: DatabasePool,
+  sealer: Sealer,
+  inputs: ReadonlyArray<CompletionInput & { held: HeldRows }>,
+): Promise<Array<CompletionResult | null>> {
+  const items: Item[] = [];
+  const results: Array<CompletionResult | null> = inputs.map(() => null);
+  const refused: number[] = [];
+  for (const [index, input] of inputs.entries()) {
+    const audit = input.takeAuditRows!();
+    // A row Postgres could refuse needs a savepoint: the transaction writes it.
+    if (audit === null) {
+      refused.push(index);
+      continue;
+    }
+    const { held } = input;
+    const taskId = input.taskId!;
+    // The status time: this process's clock, after the run's start (both its own stamps).
+    const at = Math.max(Date.now(), held.startedAt + 1);
+    const revision = held.runRevision + 1;
+    const { artifacts, statusMessage, directMessage } = answerResult(taskId, held.task.contextId, input, []);
+    const stored = prepareTaskResult(sealer, taskId, held.answerLevel, { artifacts, statusMessage, directMessage }, held.task.history);
+    const head = {
+      taskId,
+      contextId: held.task.contextId,
+      projectedRevision: held.projectedRevision,
+      lastSequence: held.lastSequence,
+      projectedState: held.projectedState,
+      directMessage,
+      statusMessage: () => stored.statusMessage,
+      artifacts: () => stored.artifacts,
+    };
+    const run = { runId: input.runId, status: 'completed' as const, revision, startedAt: held.startedAt, statusChangedAt: at, terminationReason: input.reason, failureDetail: null };
+    const events = journalEventsSince(head, run, []);
+    items.push({ input, audit, at, revision, stored, directMessage, journal: journalRows(sealer, head, run, events), eventCount: events.length });
+  }
+
+  const written = items.length === 0 ? new Map<string, z.infer<typeof runRow>>() : await writeHeldCompletions(pool, items);
+  for (const [index, input] of inputs.entries()) {
+    const item = items.find((candidate) => candidate.input === input);
+    const settled = item && written.get(input.runId);
+    if (!item || !settled) {
+      if (!refused.includes(index)) input.rolledBack?.();
+      continue;
+    }
+    const taskId = input.taskId!;
+    const notice = item.journal.notice === null ? null : { taskId, lastSequence: item.journal.lastSequence, ends: item.journal.ends };
+    const write = {
+      events: item.eventCount,
+      revision: item.revision,
+      deliveryIds: [],
+      notice,
+      state: 'TASK_STATE_COMPLETED' as const,
+      statusTimestamp: item.at,
+      lastSequence: item.journal.lastSequence,
+    };
+    const { task } = input.held;
+    const row = { context_id: task.contextId, owner: task.owner, agent: task.agent, metadata: task.metadata, task_created_at: task.createdAt };
+    const content = { sealed: item.stored.sealed, answerLevel: input.held.answerLevel, directMessage: item.directMessage };
+    results[index] = { settled: true, run: settled, journaled: { write, task: journaledTaskRow(row, settled, write, content) } };
+  }
+  return results;
+}
+
+/**
+ * The statement: `held` locks the runs and tasks that are exactly as expected (run id order, as
+ * every batch locks), and every write is limited to them, so a run that fails the check is left
+ * untouched. A task with an active or paused push config fails it too: its deliveries, bounded
+ * per config, are written by the transaction. The counts are checked inside the statement, so a
+ * write that fell short fails the whole statement instead of committing part of a completion.
+ */
+async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, z.infer<typeof runRow>>> {
+  const held = sql.identifier(['held']);
+  const expected = items.map(({ input }) => [
+    input.runId,
+    input.taskId!,
+    input.workerId,
+    input.held.runRevision,
+    input.held.answerLevel,
+    input.held.lastSequence,
+    input.held.projectedRevision,
+    input.held.projectedState,
+    input.held.task.history === null ? null : input.held.task.history.toString('base64'),
+  ]);
+  const results = items.map(({ input, stored, directMessage, revision, journal }) => ({
+    taskId: input.taskId!,
+    stored,
+    directMessage,
+    answerLevel: input.held.answerLevel,
+    revision,
+    lastSequence: journal.lastSequence,
+  }));
+  const audit = items.flatMap(({ input, audit: rows }) => rows.map((row) => ({ runId: input.runId, row })));
+  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
+  const notices = items.flatMap(({ input, journal: written }) => (written.notice === null ? [] : [[input.taskId!, written.notice]]));
+  const settles = items.map(({ input, at }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at }));
+  const rows = await pool.any(sql.type(outcomeRow)`${PREPARED}
+    WITH held AS MATERIALIZED (
+      SELECT r.id AS run_id, t.id AS task_id
+      FROM ${sql.unnest(expected, ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'text'])}
+        AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
+      JOIN runs r ON r.id = e.run_id
+      JOIN a2a_tasks t ON t.id = e.task_id AND t.id = r.task_id
+      WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.revision = e.revision AND r.answer_level = e.level
+        AND t.answer_level = e.level AND t.last_sequence = e.last_sequence AND t.projected_revision = e.projected_revision
+        AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM decode(e.history, 'base64')
+        AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
+        AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = t.id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused'))
+      ORDER BY r.id
+      FOR UPDATE OF r, t),
+    audited AS (${insertAuditRowsStatement(audit, held)} RETURNING 1),
+    results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
+    settled AS (${completeRunsStatement(settles, held)} RETURNING r.*),
+    journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
+    notified AS (
+      SELECT count(pg_notify(${JOURNAL_CHANNEL}, n.notice))::int AS notified
+      FROM ${sql.unnest(notices, ['uuid', 'text'])} AS n(task_id, notice)
+      WHERE n.task_id IN (SELECT task_id FROM held)),
+    counts AS (
+      SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
+        (SELECT count(*) FROM settled)::int AS settled, (SELECT count(*) FROM journal)::int AS events,
+        (SELECT notified FROM notified) AS notified, (SELECT count(*) FROM audited)::int AS audited)
+    SELECT CASE WHEN c.results = c.held AND c.settled = c.held THEN c.held
+        ELSE ('held completion wrote ' || c.results || ' results and ' || c.settled || ' settles for ' || c.held || ' held runs')::int END AS held,
+      c.results, c.events, c.notified, c.audited, s.*
+    FROM counts c LEFT JOIN settled s ON true`);
+  return new Map(rows.filter((row) => row.id !== null).map((row) => [row.id!, runRow.parse(row)]));
+}

@@ -1,0 +1,173 @@
+import { randomUUID } from 'node:crypto';
+import { pino } from 'pino';
+import { sql } from 'slonik';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { createClient } from '../../../src/auth/client-repository.js';
+import { createPushConfig } from '../../../src/push/push-config-repository.js';
+import { AuditTrail } from '../../../src/runs/audit-trail.js';
+import type { FastRun } from '../../../src/runs/fast-runs.js';
+import { cancelRun, getRun } from '../../../src/runs/run-repository.js';
+import { completeHeldRuns } from '../../../src/tasks/complete-held-runs.js';
+import type { CompletionInput } from '../../../src/tasks/complete-run.js';
+import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
+import { createTasksInNewContexts, heldRowsOfFastRun, type TaskCreation } from '../../../src/tasks/task-creation.js';
+import { getTaskRowById, recordAgentStatusMessage, sealTaskHistory } from '../../../src/tasks/task-repository.js';
+import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+import { testSealer } from '../../support/test-sealer.js';
+import { journalOf } from '../push/push-support.js';
+
+// A fast run's completion written without reading first (decision 0029): one statement checks,
+// under its lock, that the run and task rows are as the fast run's insert left them, and writes
+// the audit rows, result, settle, journal and NOTIFY for the runs that pass. A run whose rows
+// changed meanwhile gets nothing written by it and is completed by the transaction instead.
+
+const sealer = testSealer();
+const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
+const claim = { workerId: 'held-worker', leaseMs: 60_000 };
+
+let db: TestDatabase;
+let owner = '';
+beforeAll(async () => {
+  db = await createTestDatabase();
+  const created = await createClient(db.pool, 'held-completion');
+  if (!created.ok) throw new Error(created.reason);
+  owner = await db.pool.oneFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM clients WHERE name = 'held-completion'`);
+});
+afterAll(async () => db?.drop());
+
+type Fast = { creation: TaskCreation; run: FastRun; audit: AuditTrail; rolledBack: number };
+
+/** A task on the fast path as the API writes it, and the fast run the executor gets for it. */
+function fastTask(text = 'hello'): Fast {
+  const id = randomUUID();
+  const at = Date.now();
+  const message = { messageId: `m-${id}`, role: 'ROLE_USER' as const, parts: [{ text }], contextId: id, taskId: id };
+  const task = { id, contextId: id, owner, agent: 'echo', answerLevel: 'full' as const, history: [message], metadata: { asked: text } };
+  const sealedHistory = sealTaskHistory(sealer, task);
+  const request = { messages: [{ role: 'user' as const, content: text }] };
+  return {
+    creation: {
+      task: { ...task, sealedHistory },
+      run: { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', taskId: id, request },
+      fast: { claim, at },
+    },
+    run: { id, agent: 'echo', taskId: id, auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', request, at, task: { contextId: id, owner, metadata: task.metadata, history: sealedHistory, pushConfigured: false } },
+    audit: new AuditTrail(id, 'metadata', 0, logger),
+    rolledBack: 0,
+  };
+}
+
+function heldCompletion(fast: Fast): CompletionInput & { held: ReturnType<typeof heldRowsOfFastRun> } {
+  fast.audit.record({ kind: 'claimed', meta: { worker: claim.workerId, fastPath: true } });
+  fast.audit.record({ kind: 'completed', meta: { reason: 'completed' } });
+  return {
+    runId: fast.run.id,
+    workerId: claim.workerId,
+    reason: 'completed',
+    answer: `echo: ${fast.run.id}`,
+    totals: { iterations: 1, toolCalls: 0, inputTokens: 2, outputTokens: 3 },
+    taskId: fast.run.id,
+    hasOutputs: false,
+    held: heldRowsOfFastRun(fast.run),
+    takeAuditInsert: () => fast.audit.takeUnrefusableInsert(),
+    takeAuditRows: () => fast.audit.takeUnrefusableRows(),
+    beforeSettle: (transaction) => fast.audit.flushWithin(transaction),
+    rolledBack: () => {
+      fast.rolledBack += 1;
+      fast.audit.restoreTaken();
+    },
+  };
+}
+
+const stampRow = z.object({ run_changed: z.number(), task_status: z.number(), audit_kinds: z.array(z.string()), events: z.number(), deliveries: z.number() });
+const stampsOf = (id: string) =>
+  db.pool.one(sql.type(stampRow)`
+    SELECT r.status_changed_at AS run_changed, t.status_timestamp AS task_status,
+      ARRAY(SELECT e.kind FROM run_events e WHERE e.run_id = r.id ORDER BY e.sequence) AS audit_kinds,
+      (SELECT count(*)::int FROM a2a_events e WHERE e.task_id = t.id) AS events,
+      (SELECT count(*)::int FROM push_deliveries d WHERE d.task_id = t.id) AS deliveries
+    FROM runs r JOIN a2a_tasks t ON t.id = r.task_id WHERE r.id = ${id}`);
+
+describe('a fast run whose rows are as its insert left them', () => {
+  it('is completed by one statement: result, settle, journal and audit, its status time the same everywhere, the answer the row as stored', async () => {
+    const items = [fastTask('one'), fastTask('two'), fastTask('three')];
+    await createTasksInNewContexts(db.pool, sealer, items.map((item) => item.creation));
+    const results = await completeHeldRuns(db.pool, sealer, items.map(heldCompletion));
+
+    for (const [index, item] of items.entries()) {
+      const id = item.run.id;
+      const result = results[index];
+      expect(result, `run ${index} completed`).toMatchObject({ settled: true, run: { status: 'completed', termination_reason: 'completed', claimed_by: null } });
+      if (!result?.settled) throw new Error('not settled');
+      // The answer is the task row exactly as the statement left it, and the run as it is.
+      expect(result.journaled!.task).toEqual(await getTaskRowById(db.pool, id));
+      expect(result.run).toEqual(await getRun(db.pool, id));
+      expect(item.rolledBack).toBe(0);
+
+      const stamps = await stampsOf(id);
+      expect(stamps.audit_kinds).toEqual(['claimed', 'completed']);
+      expect(stamps.events).toBe(3);
+      // One status time: the run's, the task's, and the COMPLETED event's, as sealed before the statement.
+      expect(stamps.task_status).toBe(stamps.run_changed);
+      expect(stamps.run_changed).toBeGreaterThan(item.run.at);
+      const journal = await journalOf(db.pool, sealer, id);
+      expect(journal.map((event) => event.state)).toEqual(['TASK_STATE_WORKING', null, 'TASK_STATE_COMPLETED']);
+      const completed = journal[2]!.response as { statusUpdate: { status: { timestamp: string } } };
+      expect(Date.parse(completed.statusUpdate.status.timestamp)).toBe(stamps.run_changed);
+      const artifact = (journal[1]!.response as { artifactUpdate: { artifact: { parts: Array<{ text: string }> } } }).artifactUpdate.artifact;
+      expect(artifact.parts[0]!.text).toBe(`echo: ${id}`);
+      expect(result.journaled!.write).toMatchObject({ events: 2, deliveryIds: [], notice: { taskId: id, lastSequence: 3, ends: true }, statusTimestamp: stamps.run_changed });
+    }
+  });
+});
+
+describe('a fast run whose rows changed under it', () => {
+  it('gets nothing written by the statement (its audit rows given back); the others in it complete', async () => {
+    const [untouched, cancelled, tightened, pushed, prompted] = [fastTask(), fastTask(), fastTask(), fastTask(), fastTask()] as const;
+    const all = [untouched, cancelled, tightened, pushed, prompted];
+    await createTasksInNewContexts(db.pool, sealer, all.map((item) => item.creation));
+    // The client cancelled; the answer ceiling tightened under the run; a push config was added; an
+    // interim status message was written (the task's status and history moved on).
+    await cancelRun(db.pool, logger, cancelled.run.id);
+    await db.pool.query(sql.unsafe`UPDATE runs SET answer_level = 'redacted' WHERE id = ${tightened.run.id}`);
+    await createPushConfig(db.pool, sealer, { taskId: pushed.run.id, owner, url: 'https://receiver.example/hook' });
+    await recordAgentStatusMessage(db.pool, sealer, prompted.run.id, 'full', { messageId: 'interim', role: 'ROLE_AGENT', parts: [{ text: 'still thinking' }], taskId: prompted.run.id });
+    const before = await Promise.all(all.map((item) => stampsOf(item.run.id)));
+
+    const results = await completeHeldRuns(db.pool, sealer, all.map(heldCompletion));
+
+    expect(results[0]).toMatchObject({ settled: true, run: { status: 'completed' } });
+    expect((await stampsOf(untouched.run.id)).audit_kinds).toEqual(['claimed', 'completed']);
+    for (const [index, item] of all.entries()) {
+      if (index === 0) continue;
+      expect(results[index], `run ${index} is left to the transaction`).toBeNull();
+      expect(item.rolledBack, 'its audit rows were given back').toBe(1);
+      expect(await stampsOf(item.run.id), 'nothing of it was written').toEqual(before[index]);
+    }
+    expect((await getRun(db.pool, tightened.run.id))?.status).toBe('running');
+    expect((await getRun(db.pool, cancelled.run.id))?.status).toBe('cancelled');
+  });
+
+  it('is completed by the batch through its transaction, which reads the rows as they now are', async () => {
+    const [plain, pushed, tightened] = [fastTask(), fastTask(), fastTask()] as const;
+    await createTasksInNewContexts(db.pool, sealer, [plain, pushed, tightened].map((item) => item.creation));
+    await createPushConfig(db.pool, sealer, { taskId: pushed.run.id, owner, url: 'https://receiver.example/hook' });
+    await db.pool.query(sql.unsafe`UPDATE runs SET answer_level = 'metadata' WHERE id = ${tightened.run.id}`);
+
+    const batches: number[] = [];
+    const completions = new CompletionBatch(db.pool, sealer, logger, { maxBatch: 32, onBatch: (size) => batches.push(size) });
+    const [first, second, third] = await Promise.all([plain, pushed, tightened].map((item) => completions.complete(heldCompletion(item))));
+    expect(batches).toEqual([3]);
+    expect(first).toMatchObject({ settled: true, run: { status: 'completed' }, journaled: { write: { deliveryIds: [] } } });
+    // The push config's COMPLETED event has its delivery, written with the journal.
+    expect(second).toMatchObject({ settled: true, run: { status: 'completed' } });
+    if (!second.settled) throw new Error('not settled');
+    expect(second.journaled!.write.deliveryIds.length).toBeGreaterThan(0);
+    expect((await stampsOf(pushed.run.id)).deliveries).toBe(second.journaled!.write.deliveryIds.length);
+    expect(await getTaskRowById(db.pool, pushed.run.id)).toEqual(second.journaled!.task);
+    // No result may be kept any more: the transaction fails it, as it fails any such run.
+    expect(third).toMatchObject({ settled: true, run: { status: 'failed', termination_reason: 'result_not_retainable' } });
+    for (const item of [plain, pushed, tightened]) expect((await stampsOf(item.run.id)).audit_kinds).toEqual(['claimed', 'completed']);
+  });
+});
