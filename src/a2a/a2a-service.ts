@@ -495,7 +495,10 @@ export class A2AService {
         // At shutdown a stream ends once it has sent everything committed (the runs this process
         // could finish are finished and projected by then); the client resumes elsewhere.
         if (this.deps.shutdown?.aborted) return;
-        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, listener.listening ? 15_000 : 500).unref())]);
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([woken, new Promise((resolve) => (timer = setTimeout(resolve, listener.listening ? 15_000 : 500).unref()))]);
+        // Cleared once woken, so a stream of many events does not leave a timer running per event.
+        clearTimeout(timer);
       }
     } finally {
       options.signal.removeEventListener('abort', onAbort);

@@ -201,7 +201,11 @@ export class JournalWait {
         if (remaining <= 0 || stop?.aborted) return false;
         // While the listener reconnects, read the journal every half second instead.
         const poll = !this.listener.listening;
-        await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref())]);
+        // The timer is cleared once woken: left to run out it would keep its closure (and the
+        // request's wait) alive for up to the whole cap after the answer went out.
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([woken, new Promise((resolve) => (timer = setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref()))]);
+        clearTimeout(timer);
         if (poll) mustRead = true;
       }
     } finally {
