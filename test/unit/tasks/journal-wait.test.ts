@@ -7,7 +7,7 @@ import { JournalListener, JournalWait } from '../../../src/tasks/journal-listene
 // wait ended by its notice clears that timer: left to run out, every answered request would keep
 // a timer, its closure and its wait alive for the rest of the cap (thousands under load).
 
-const logger = pino({ level: 'silent' });
+const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
 // No statement is expected: the notices alone decide while the listener is connected.
 const db = new Proxy({}, { get: () => () => Promise.reject(new Error('the journal was read')) }) as unknown as CommonQueryMethods;
 
