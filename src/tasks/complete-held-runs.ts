@@ -1,14 +1,12 @@
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
-import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
-import type { TaskState } from '../protocol/wire.js';
 import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { completeRunsStatement } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
+import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows } from './complete-run.js';
 import { insertJournalRowsStatement, journalEventsSince, journalRows, type JournalRow } from './journal-writer.js';
 import { JOURNAL_CHANNEL } from './journal.js';
 import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
@@ -21,19 +19,6 @@ import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.
 // a lone task's completion is one round trip and one commit, not four round trips. A run that
 // fails the check (cancelled, a ceiling tightened, an interim message journaled, a push config to
 // deliver to) gets nothing written and is completed by the transaction, which reads under its lock.
-
-/** What the completion of a held run expects its run and task rows to be (a fast run: as its insert wrote them). */
-export type HeldRows = {
-  /** The run's revision as this process last wrote it. */
-  runRevision: number;
-  answerLevel: PrivacyLevel;
-  startedAt: number;
-  /** The journal's head: its watermark, last sequence and state. */
-  projectedRevision: number;
-  lastSequence: number;
-  projectedState: TaskState;
-  task: { contextId: string; owner: string; agent: string; metadata: Record<string, unknown>; history: Buffer | null; createdAt: number };
-};
 
 /** Whether a completion can be written without reading first: its rows are known, nothing stored to merge, a result may be kept, its audit rows cannot be refused. */
 export function writableHeld(input: CompletionInput): input is CompletionInput & { held: HeldRows } {

@@ -4,7 +4,6 @@ import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { SerializedRow } from '../runs/audit-trail.js';
-import type { HeldRows } from './complete-held-runs.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -15,6 +14,19 @@ import type { Artifact, Message, TaskState } from '../protocol/wire.js';
 import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type NewRunOutput, type StoredRunOutput } from '../runs/run-output-repository.js';
 import type { RunRow } from '../runs/run-row.js';
 import { settleRun, type RunTotals, type SettleResult } from '../runs/run-repository.js';
+
+/** What the completion of a held run expects its run and task rows to be (a fast run: as its insert wrote them; complete-held-runs.ts). */
+export type HeldRows = {
+  /** The run's revision as this process last wrote it. */
+  runRevision: number;
+  answerLevel: PrivacyLevel;
+  startedAt: number;
+  /** The journal's head: its watermark, last sequence and state. */
+  projectedRevision: number;
+  lastSequence: number;
+  projectedState: TaskState;
+  task: { contextId: string; owner: string; agent: string; metadata: Record<string, unknown>; history: Buffer | null; createdAt: number };
+};
 
 export type CompletionInput = {
   runId: string;

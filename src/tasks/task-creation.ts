@@ -18,7 +18,7 @@ import {
 } from './journal-writer.js';
 import { insertTasksStatement, taskValues, type NewTask } from './task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
-import type { HeldRows } from './complete-held-runs.js';
+import type { HeldRows } from './complete-run.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
 // fast path) and the task row, with the task's WORKING event for a fast run. The creations of
