@@ -1,7 +1,7 @@
 import { EventEmitter } from 'node:events';
 import { createPgDriverFactory } from '@slonik/pg-driver';
 import type { DriverClient, DriverFactory } from 'slonik';
-import { namedIfPrepared } from './prepared-statements.js';
+import { namedIfPrepared, type PreparedCounts } from './prepared-statements.js';
 
 /**
  * slonik 47's pg driver with one repair: a connection whose socket dies while a query runs on it
@@ -53,10 +53,11 @@ function finishFailedDestroy(client: DriverClient): DriverClient {
     else (client.off as (event: string, listener: Listener) => unknown)(event, listener);
     return wrapped.off;
   };
+  const prepared: PreparedCounts = new Map();
   const wrapped: DriverClient = {
     ...client,
-    // A marked statement goes to node-postgres with a name, prepared once per connection (prepared-statements.ts).
-    query: (text, values) => client.query(namedIfPrepared(text) as string, values),
+    // A marked statement goes to node-postgres with a name, prepared on this connection (prepared-statements.ts).
+    query: (text, values) => client.query(namedIfPrepared(text, prepared) as string, values),
     destroy,
     state: () => (destroyed ? 'DESTROYED' : client.state()),
     on: on as unknown as DriverClient['on'],

@@ -114,7 +114,7 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
   );
   const events = journals.flatMap((journal) => journal.rows);
   const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
-  // One text for any batch (rows as arrays, the CTEs always there): prepared once per connection.
+  // One text for any batch (rows as arrays, the CTEs always there): prepared on each connection.
   const result = await db.one(sql.type(created)`${PREPARED}
     WITH new_contexts AS (
       INSERT INTO contexts (owner, id)
