@@ -120,9 +120,8 @@ export async function completeHeldRuns(
 /**
  * The statement: `held` locks the runs and tasks that are exactly as expected (run id order, each
  * run before its task, as every batch locks), and every write is limited to them, so a run that
- * fails the check is left untouched. Each row is locked by its own subquery, looked up by primary
- * key whatever the tables' size: the statement is prepared (decision 0030), and a plan cached
- * while the tables were small must not scan them once they are large. A task with an active or paused push config fails it too: its deliveries, bounded
+ * fails the check is left untouched. The statement is prepared (decision 0030): its plan is made
+ * again as the connection's runs of it grow tenfold, so a plan made on empty tables does not stay. A task with an active or paused push config fails it too: its deliveries, bounded
  * per config, are written by the transaction. The counts are checked inside the statement, so a
  * write that fell short fails the whole statement instead of committing part of a completion.
  */
@@ -154,22 +153,17 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
   const rows = await pool.any(sql.type(outcomeRow)`${PREPARED}
     WITH held AS MATERIALIZED (
       SELECT r.id AS run_id, t.id AS task_id
-      FROM (SELECT * FROM ${sql.unnest(expected, ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'text'])}
-          AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
-        ORDER BY e.run_id) e
-      CROSS JOIN LATERAL (
-        SELECT r.id FROM runs r
-        WHERE r.id = e.run_id AND r.task_id = e.task_id AND r.status = 'running' AND r.claimed_by = e.worker
-          AND r.revision = e.revision AND r.answer_level = e.level
-        FOR UPDATE) r
-      CROSS JOIN LATERAL (
-        SELECT t.id FROM a2a_tasks t
-        WHERE t.id = e.task_id AND t.answer_level = e.level AND t.last_sequence = e.last_sequence
-          AND t.projected_revision = e.projected_revision AND t.projected_state = e.projected_state
-          AND t.history IS NOT DISTINCT FROM decode(e.history, 'base64')
-          AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
-          AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = t.id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused'))
-        FOR UPDATE) t),
+      FROM ${sql.unnest(expected, ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'text'])}
+        AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
+      JOIN runs r ON r.id = e.run_id
+      JOIN a2a_tasks t ON t.id = e.task_id AND t.id = r.task_id
+      WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.revision = e.revision AND r.answer_level = e.level
+        AND t.answer_level = e.level AND t.last_sequence = e.last_sequence AND t.projected_revision = e.projected_revision
+        AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM decode(e.history, 'base64')
+        AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
+        AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = t.id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused'))
+      ORDER BY r.id
+      FOR UPDATE OF r, t),
     audited AS (${insertAuditRowsStatement(audit, held)} RETURNING 1),
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles, held)} RETURNING r.*),
