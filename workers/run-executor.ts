@@ -627,9 +627,9 @@ export function createRunExecutor(
             complete({
               beforeSettle: (transaction) => audit.flushWithin(transaction),
               resultOutputs: resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`)),
-              takeAuditInsert: () => audit.takeUnrefusableInsert(),
+              takeAuditRows: () => audit.takeUnrefusableRows(),
               rolledBack: () => audit.restoreTaken(),
-              ...(held ? { held, takeAuditRows: () => audit.takeUnrefusableRows() } : {}),
+              ...(held ? { held } : {}),
               taskId,
               hasOutputs: storedOutputs > 0 || resultArtifacts.length > 0,
               runId,

@@ -166,16 +166,6 @@ export class AuditTrail {
   }
 
   /**
-   * The buffered events as an INSERT for a data-modifying CTE of the caller's next statement in its
-   * transaction (no round trip of their own), taken out of the buffer; null when nothing is
-   * buffered or a row could be refused (then flushWithin writes them in a savepoint).
-   */
-  takeUnrefusableInsert(): FragmentSqlToken | null {
-    const rows = this.takeUnrefusableRows();
-    return rows === null || rows.length === 0 ? null : this.insertFragment(rows);
-  }
-
-  /**
    * The buffered events as rows for an insert the caller writes itself (a statement covering the
    * trails of several runs), taken out of the buffer: empty when nothing is buffered, null when a
    * row could be refused (nothing is taken; flushWithin writes them in a savepoint).

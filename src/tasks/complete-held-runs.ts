@@ -7,8 +7,7 @@ import { completeRunsStatement } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows } from './complete-run.js';
-import { insertJournalRowsStatement, journalEventsSince, journalRows, type JournalRow } from './journal-writer.js';
-import { JOURNAL_CHANNEL } from './journal.js';
+import { insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from './journal-writer.js';
 import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
 
 // The completion of runs whose rows this process knows without reading them (decision 0029): a
@@ -33,10 +32,12 @@ export function writableHeld(input: CompletionInput): input is CompletionInput &
 }
 
 const outcomeRow = z
-  .object({ held: z.number(), results: z.number(), events: z.number(), notified: z.number(), audited: z.number(), id: z.string().nullable() })
+  .object({ held: z.number(), id: z.string().nullable() })
   .passthrough();
 
 type Item = {
+  /** The completion's place among the inputs. */
+  index: number;
   input: CompletionInput & { held: HeldRows };
   audit: SerializedRow[];
   at: number;
@@ -59,15 +60,10 @@ export async function completeHeldRuns(
   inputs: ReadonlyArray<CompletionInput & { held: HeldRows }>,
 ): Promise<Array<CompletionResult | null>> {
   const items: Item[] = [];
-  const results: Array<CompletionResult | null> = inputs.map(() => null);
-  const refused: number[] = [];
   for (const [index, input] of inputs.entries()) {
     const audit = input.takeAuditRows!();
-    // A row Postgres could refuse needs a savepoint: the transaction writes it.
-    if (audit === null) {
-      refused.push(index);
-      continue;
-    }
+    // A row Postgres could refuse needs a savepoint: the transaction writes it (nothing was taken).
+    if (audit === null) continue;
     const { held } = input;
     const taskId = input.taskId!;
     // The status time: this process's clock, after the run's start (both its own stamps).
@@ -87,15 +83,17 @@ export async function completeHeldRuns(
     };
     const run = { runId: input.runId, status: 'completed' as const, revision, startedAt: held.startedAt, statusChangedAt: at, terminationReason: input.reason, failureDetail: null };
     const events = journalEventsSince(head, run, []);
-    items.push({ input, audit, at, revision, stored, directMessage, journal: journalRows(sealer, head, run, events), eventCount: events.length });
+    items.push({ index, input, audit, at, revision, stored, directMessage, journal: journalRows(sealer, head, run, events), eventCount: events.length });
   }
 
+  const results: Array<CompletionResult | null> = inputs.map(() => null);
   const written = items.length === 0 ? new Map<string, z.infer<typeof runRow>>() : await writeHeldCompletions(pool, items);
-  for (const [index, input] of inputs.entries()) {
-    const item = items.find((candidate) => candidate.input === input);
-    const settled = item && written.get(input.runId);
-    if (!item || !settled) {
-      if (!refused.includes(index)) input.rolledBack?.();
+  for (const item of items) {
+    const { input } = item;
+    const settled = written.get(input.runId);
+    if (!settled) {
+      // Its rows had changed: nothing of it was written, so what it took is given back.
+      input.rolledBack?.();
       continue;
     }
     const taskId = input.taskId!;
@@ -112,7 +110,7 @@ export async function completeHeldRuns(
     const { task } = input.held;
     const row = { context_id: task.contextId, owner: task.owner, agent: task.agent, metadata: task.metadata, task_created_at: task.createdAt };
     const content = { sealed: item.stored.sealed, answerLevel: input.held.answerLevel, directMessage: item.directMessage };
-    results[index] = { settled: true, run: settled, journaled: { write, task: journaledTaskRow(row, settled, write, content) } };
+    results[item.index] = { settled: true, run: settled, journaled: { write, task: journaledTaskRow(row, settled, write, content) } };
   }
   return results;
 }
@@ -148,7 +146,7 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
   }));
   const audit = items.flatMap(({ input, audit: rows }) => rows.map((row) => ({ runId: input.runId, row })));
   const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
-  const notices = items.flatMap(({ input, journal: written }) => (written.notice === null ? [] : [[input.taskId!, written.notice]]));
+  const notices = items.flatMap(({ journal: written }) => (written.notice === null ? [] : [written.notice]));
   const settles = items.map(({ input, at }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at }));
   const rows = await pool.any(sql.type(outcomeRow)`${PREPARED}
     WITH held AS MATERIALIZED (
@@ -168,17 +166,13 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles, held)} RETURNING r.*),
     journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
-    notified AS (
-      SELECT count(pg_notify(${JOURNAL_CHANNEL}, n.notice))::int AS notified
-      FROM ${sql.unnest(notices, ['uuid', 'text'])} AS n(task_id, notice)
-      WHERE n.task_id IN (SELECT task_id FROM held)),
+    notified AS (${notifyAllStatement(notices, held)}),
     counts AS (
       SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
-        (SELECT count(*) FROM settled)::int AS settled, (SELECT count(*) FROM journal)::int AS events,
-        (SELECT notified FROM notified) AS notified, (SELECT count(*) FROM audited)::int AS audited)
-    SELECT CASE WHEN c.results = c.held AND c.settled = c.held THEN c.held
-        ELSE ('held completion wrote ' || c.results || ' results and ' || c.settled || ' settles for ' || c.held || ' held runs')::int END AS held,
-      c.results, c.events, c.notified, c.audited, s.*
+        (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified)
+    SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.held THEN c.held
+        ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
+      s.*
     FROM counts c LEFT JOIN settled s ON true`);
   return new Map(rows.filter((row) => row.id !== null).map((row) => [row.id!, runRow.parse(row)]));
 }

@@ -1,9 +1,9 @@
-import { sql, type CommonQueryMethods, type DatabasePool, type FragmentSqlToken } from 'slonik';
+import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
-import type { SerializedRow } from '../runs/audit-trail.js';
+import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -38,10 +38,11 @@ export type CompletionInput = {
   /** Runs inside the completion transaction first (the audit trail's last events). */
   beforeSettle?: (transaction: CommonQueryMethods) => Promise<unknown>;
   /**
-   * The audit trail's last events as an INSERT that can ride in the statement writing the task's
-   * result (AuditTrail.takeUnrefusableInsert); what it does not take, beforeSettle writes.
+   * The audit trail's last events as rows that can ride in the statement writing the task's result
+   * (AuditTrail.takeUnrefusableRows; null when one could be refused); what it does not take,
+   * beforeSettle writes.
    */
-  takeAuditInsert?: () => FragmentSqlToken | null;
+  takeAuditRows?: () => SerializedRow[] | null;
   /** The run serves this A2A task (runs.task_id), so task and run are locked together. */
   taskId: string | null;
   /** False when the run stored no artifacts: nothing to merge into the result or to journal. */
@@ -59,8 +60,6 @@ export type CompletionInput = {
    * (complete-held-runs.ts, decision 0029), and by the transaction only when they changed.
    */
   held?: HeldRows;
-  /** The audit trail's last events as rows for that statement (AuditTrail.takeUnrefusableRows). */
-  takeAuditRows?: () => SerializedRow[] | null;
   /**
    * The transaction these writes rode in rolled back (a batch it shared with other runs failed):
    * what it took from the run (its audit rows) is given back before the completion is written again.
@@ -262,7 +261,8 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
   const { run, task } = locked;
   const level = run.answer_level as PrivacyLevel;
   // A result written to the task row carries the audit rows in the same statement.
-  const auditInsert = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditInsert?.() ?? null) : null;
+  const auditRows = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditRows?.() ?? null) : null;
+  const auditInsert = auditRows && auditRows.length > 0 ? insertAuditRowsStatement(auditRows.map((row) => ({ runId: input.runId, row }))) : null;
   await input.beforeSettle?.(transaction);
 
   if (run.task_id === null || task === null) {

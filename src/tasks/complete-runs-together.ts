@@ -1,10 +1,12 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
+import { PREPARED } from '../db/prepared-statements.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { TaskState } from '../protocol/wire.js';
 import { completeRunsStatement } from '../runs/run-repository.js';
+import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
@@ -65,7 +67,8 @@ type Prepared = {
   revision: number;
   events: ReturnType<typeof journalEventsSince>;
   journal: ReturnType<typeof journalRows>;
-  audit: ReturnType<NonNullable<CompletionInput['takeAuditInsert']>> | null;
+  /** The audit rows riding in the batch's statement (what could be refused, beforeSettle wrote). */
+  audit: SerializedRow[];
 };
 
 export async function completeRunsTogether(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, inputs: readonly CompletionInput[]): Promise<CompletionResult[]> {
@@ -74,7 +77,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
   // run named twice takes no common path (each completion is written alone).
   const unique = new Set(inputs.map((input) => input.runId)).size === inputs.length;
   const ids = inputs.filter((input) => input.taskId !== null && !input.hasOutputs).map((input) => input.runId);
-  const locked = !unique || ids.length === 0 ? [] : await transaction.any(sql.type(lockedRow)`
+  const locked = !unique || ids.length === 0 ? [] : await transaction.any(sql.type(lockedRow)`${PREPARED}
     SELECT r.id AS run_id, r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at,
       t.context_id, t.owner, t.agent, t.metadata, t.created_at AS task_created_at, t.history,
       t.projected_revision, t.last_sequence, t.projected_state, now() AS tx_now
@@ -90,7 +93,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
     const row = byRun.get(input.runId);
     if (!commonPath(input, row)) continue;
     const level = row.answer_level as PrivacyLevel;
-    const audit = input.takeAuditInsert?.() ?? null;
+    const audit = input.takeAuditRows?.() ?? [];
     await input.beforeSettle?.(transaction);
     const taskId = row.task_id!;
     const { artifacts, statusMessage, directMessage } = answerResult(taskId, row.context_id, input, []);
@@ -136,7 +139,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
 
 /** One statement: the batch's audit rows, results with watermarks, settles, journal rows and NOTIFYs; the settled runs with their tasks' push configs. */
 async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
-  const audits = items.flatMap((item, index) => (item.audit ? [sql.fragment`${sql.identifier([`audit_${index}`])} AS (${item.audit})`] : []));
+  const audit = items.flatMap((item) => item.audit.map((row) => ({ runId: item.input.runId, row })));
   const results = items.map(({ row, stored, directMessage, revision, journal }) => ({
     taskId: row.task_id!,
     stored,
@@ -148,8 +151,9 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
   const settles = items.map(({ input }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals }));
   const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
   const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
-  const rows = await transaction.any(sql.type(settledRow)`
-    WITH ${audits.length > 0 ? sql.fragment`${sql.join(audits, sql.fragment`, `)},` : sql.fragment``}
+  // One text for any batch (rows as arrays): prepared on each connection (decision 0030).
+  const rows = await transaction.any(sql.type(settledRow)`${PREPARED}
+    WITH audited AS (${insertAuditRowsStatement(audit)} RETURNING 1),
     results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles)} RETURNING r.*),
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),

@@ -230,9 +230,13 @@ export function insertJournalRowsStatement(rows: readonly JournalRow[], onlyTask
       ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE j.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
-/** NOTIFYs each notice at commit; the count of notices sent, for a CTE of the caller's statement. */
-export function notifyAllStatement(notices: readonly string[]) {
-  return sql.fragment`SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice))::int AS notified FROM unnest(${sql.array([...notices], 'text')}) AS notice`;
+/**
+ * NOTIFYs each notice at commit; the count of notices sent, for a CTE of the caller's statement.
+ * With `onlyTasksOf`, only the notices of the tasks that CTE names (a notice opens with its task).
+ */
+export function notifyAllStatement(notices: readonly string[], onlyTasksOf: IdentifierSqlToken | null = null) {
+  return sql.fragment`SELECT count(pg_notify(${JOURNAL_CHANNEL}, notice))::int AS notified FROM unnest(${sql.array([...notices], 'text')}) AS notice
+    ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE split_part(notice, ' ', 1)::uuid IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
 /**

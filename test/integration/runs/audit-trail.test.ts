@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { pino } from 'pino';
-import { AuditTrail } from '../../../src/runs/audit-trail.js';
+import { AuditTrail, insertAuditRowsStatement } from '../../../src/runs/audit-trail.js';
 import { createRun } from '../../../src/runs/run-repository.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
@@ -58,22 +58,23 @@ describe('AuditTrail.flushWithin: the trail rides in the caller transaction and 
   });
 });
 
-describe('AuditTrail.takeUnrefusableInsert: the trail rides in the caller statement', () => {
-  it('gives an INSERT for ASCII events and empties the buffer; nothing when a row could be refused', async () => {
+describe('AuditTrail.takeUnrefusableRows: the trail rides in the caller statement', () => {
+  it('gives the rows of ASCII events and empties the buffer; nothing when a row could be refused', async () => {
     const run = await newRun();
     const trail = new AuditTrail(run.id, 'full', 0, logger);
-    expect(trail.takeUnrefusableInsert()).toBeNull();
+    expect(trail.takeUnrefusableRows()).toEqual([]);
     trail.record({ kind: 'claimed', meta: { worker: 'w' } });
     trail.record({ kind: 'completed', meta: { reason: 'completed' } });
-    const insert = trail.takeUnrefusableInsert();
-    expect(insert).not.toBeNull();
-    expect(trail.takeUnrefusableInsert()).toBeNull();
-    await db.pool.query(sql.unsafe`WITH alongside AS (${insert!}) UPDATE runs SET updated_at = now() WHERE id = ${run.id}`);
+    const rows = trail.takeUnrefusableRows();
+    expect(rows).toHaveLength(2);
+    expect(trail.takeUnrefusableRows()).toEqual([]);
+    const insert = insertAuditRowsStatement(rows!.map((row) => ({ runId: run.id, row })));
+    await db.pool.query(sql.unsafe`WITH alongside AS (${insert}) UPDATE runs SET updated_at = now() WHERE id = ${run.id}`);
     expect(await kinds(run.id)).toEqual(['claimed', 'completed']);
 
     const refusable = new AuditTrail(run.id, 'full', 2, logger);
     refusable.record({ kind: 'model_reply', meta: {}, content: { text: 'a\u0000b' } });
-    expect(refusable.takeUnrefusableInsert()).toBeNull();
+    expect(refusable.takeUnrefusableRows()).toBeNull();
     // Still buffered: flushWithin writes it (here refused, alone).
     expect(await db.pool.transaction((transaction) => refusable.flushWithin(transaction))).toBe(false);
   });
