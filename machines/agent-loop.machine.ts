@@ -5,7 +5,8 @@ import type { CompletionReason, TerminationReason } from './run.machine.js';
 
 // The agent loop of one run, as an actor: checkpoint (lease and cancellation), input guardrails,
 // model call, tool turn (or suspension for approval or input), answer guardrails, next round.
-// The machine decides; the worker provides the actors that do I/O (machine.provide).
+// The machine decides; the worker provides the actors that do I/O (machine.provide). A stage the
+// agent has no guardrail for is passed without its invoke (`guarded`).
 
 export type GuardrailOutcome =
   | { verdict: 'allow' }
@@ -58,7 +59,17 @@ export type LoopOutcome =
   | { kind: 'suspend'; status: 'waiting_for_timer'; dueAt: number }
   | { kind: 'stop'; why: 'lease_lost' | 'cancelled' };
 
-export type LoopContext = LoopState & { limits: LoopLimits; outcome: LoopOutcome | null };
+/**
+ * Which checks have a guardrail of the agent's to run: a stage without one is passed through
+ * without invoking the check (an invoke costs a child actor and two transitions per run, and its
+ * step would only answer allow, recording nothing).
+ */
+export type GuardedStages = { input: boolean; answer: boolean };
+
+/** Every stage guarded: the loop invokes the check at both, and the step decides. */
+export const ALL_STAGES_GUARDED: GuardedStages = Object.freeze({ input: true, answer: true });
+
+export type LoopContext = LoopState & { limits: LoopLimits; guarded: GuardedStages; outcome: LoopOutcome | null };
 
 /** The loop state of a request not yet worked on: its transcript, nothing counted or pending. */
 export function freshLoopState(messages: TranscriptMessage[], requestMetadata?: Record<string, unknown>): LoopState {
@@ -126,6 +137,14 @@ const guardrailApproval = (stage: 'input' | 'answer', verdict: GuardrailOutcome,
   digest: '',
 });
 
+/** The run completes with its last reply as the answer, shown as the reply asked. */
+const completedWithAnswer = (context: LoopContext): LoopOutcome => ({
+  kind: 'complete',
+  reason: 'completed',
+  answer: context.lastText,
+  presentation: context.presentation ?? 'artifact',
+});
+
 const deniedMessages = (calls: readonly ToolCall[]): TranscriptMessage[] =>
   calls.map((call) => ({ role: 'tool', toolCallId: call.id, name: call.name, content: `tool ${call.name} was denied by the operator` }));
 
@@ -153,6 +172,8 @@ export const agentLoopMachine = setup({
     resumingApproval: ({ context }) => context.resume?.kind === 'approval' && context.pendingApproval !== null,
     resumingInput: ({ context }) => (context.resume?.kind === 'input' && context.pendingInput !== null) || context.resume?.kind === 'tool_result',
     inputUnchecked: ({ context }) => !context.inputChecked,
+    inputUncheckedUnguarded: ({ context }) => !context.inputChecked && !context.guarded.input,
+    answerUnguarded: ({ context }) => !context.guarded.answer,
     iterationsExhausted: ({ context }) => context.iteration >= context.limits.maxIterations,
     budgetExhausted: ({ context }) =>
       context.limits.tokenBudget !== null && context.inputTokens + context.outputTokens >= context.limits.tokenBudget,
@@ -180,6 +201,8 @@ export const agentLoopMachine = setup({
       always: [
         { guard: 'resumingApproval', target: 'applyingApproval' },
         { guard: 'resumingInput', target: 'applyingInput' },
+        // No input guardrail: the input counts as checked (as an allow would), and the route goes on.
+        { guard: 'inputUncheckedUnguarded', actions: assign({ inputChecked: true }) },
         { guard: 'inputUnchecked', target: 'checkingInput' },
         {
           guard: 'iterationsExhausted',
@@ -352,7 +375,7 @@ export const agentLoopMachine = setup({
             }),
           },
           {
-            target: 'checkingAnswer',
+            target: 'answered',
             actions: assign(({ context, event }) => {
               const reply = event.output as Extract<ModelStepResult, { kind: 'reply' }>;
               const presented = reply.outcome?.kind === 'status_message' || reply.outcome?.kind === 'direct_message' ? reply.outcome : null;
@@ -433,6 +456,13 @@ export const agentLoopMachine = setup({
         ],
       },
     },
+    answered: {
+      always: [
+        // No answer guardrail: the answer is the outcome, as an allow would make it.
+        { guard: 'answerUnguarded', target: 'done', actions: assign({ outcome: ({ context }) => completedWithAnswer(context) }) },
+        { target: 'checkingAnswer' },
+      ],
+    },
     checkingAnswer: {
       invoke: {
         src: 'checkGuardrails',
@@ -441,9 +471,7 @@ export const agentLoopMachine = setup({
           {
             guard: ({ event }) => event.output.verdict === 'allow',
             target: 'done',
-            actions: assign({
-              outcome: ({ context }) => ({ kind: 'complete', reason: 'completed', answer: context.lastText, presentation: context.presentation ?? 'artifact' }),
-            }),
+            actions: assign({ outcome: ({ context }) => completedWithAnswer(context) }),
           },
           {
             guard: ({ event }) => event.output.verdict === 'deny',

@@ -13,7 +13,7 @@ import {
 } from '../machines/agent-loop.machine.js';
 import { createMachineStepper, type MachineSteps } from '../machines/step-machine.js';
 import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registry.js';
-import { evaluateGuardrails } from '../src/guardrails/guardrail.js';
+import { evaluateGuardrails, guardedStagesOf } from '../src/guardrails/guardrail.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
@@ -546,7 +546,7 @@ export function createRunExecutor(
     };
 
     const checkGuardrails = async ({ stage, text }: { stage: 'input' | 'answer'; text: string }): Promise<GuardrailOutcome> => {
-      if (!agent.guardrails.some((guardrail) => guardrail.stages.includes(stage))) return { verdict: 'allow' };
+      // Invoked only for a stage a guardrail of the agent's checks (`guarded`): every verdict is recorded.
       const verdict = await evaluateGuardrails(agent.guardrails, { stage, text, runId, agentId: agent.config.id });
       audit.record({ kind: 'guardrail', meta: { stage, verdict: verdict.verdict, ...(verdict.verdict === 'allow' ? {} : { guardrail: verdict.guardrail }) } });
       return verdict;
@@ -559,6 +559,7 @@ export function createRunExecutor(
       runTools: ({ context: state, calls }) => runTools(state, calls),
     };
     const limits = { maxIterations: agent.config.limits.maxIterations, tokenBudget: agent.config.limits.tokenBudget ?? null };
+    const guarded = guardedStagesOf(agent.guardrails);
 
     /**
      * How the run ends: stepped through the agent loop, or driven by a statechart agent's own
@@ -589,8 +590,8 @@ export function createRunExecutor(
           },
         });
       }
-      const stepped = await loopStepper.run({ ...rebuilt.state, limits, outcome: null }, steps);
-      const { limits: _limits, outcome: _outcome, ...state } = stepped.context;
+      const stepped = await loopStepper.run({ ...rebuilt.state, limits, guarded, outcome: null }, steps);
+      const { limits: _limits, guarded: _guarded, outcome: _outcome, ...state } = stepped.context;
       return { outcome: stepped.output, state, artifacts: [] };
     };
     let driven: DrivenRun;

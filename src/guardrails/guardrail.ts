@@ -18,6 +18,14 @@ export type GuardrailVerdict =
   | { verdict: 'deny'; guardrail: string; reason: string }
   | { verdict: 'requireApproval'; guardrail: string; reason: string };
 
+/** Whether any of the guardrails checks each stage: a stage none checks is allowed without a check. */
+export function guardedStagesOf(guardrails: readonly Guardrail[]): { input: boolean; answer: boolean } {
+  return {
+    input: guardrails.some((guardrail) => guardrail.stages.includes('input')),
+    answer: guardrails.some((guardrail) => guardrail.stages.includes('answer')),
+  };
+}
+
 /**
  * Runs every guardrail of the stage. A deny wins over a required approval, which wins over allow;
  * a guardrail that throws or answers nonsense denies (fail closed).

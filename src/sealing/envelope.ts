@@ -28,7 +28,7 @@
  * value for a real one.
  */
 import { createCipheriv, createDecipheriv, randomFillSync } from 'node:crypto';
-import { MASTER_KEY_ID_BYTES, type MasterKey, type MasterKeyRing } from './master-key.js';
+import { MASTER_KEY_ID_BYTES, type MasterKeyRing } from './master-key.js';
 
 export type SealContext = { table: string; column: string; rowId: string };
 
@@ -90,26 +90,16 @@ const RANDOM_POOL_BYTES = 4096;
 const randomPool = Buffer.alloc(RANDOM_POOL_BYTES);
 let randomPoolAt = RANDOM_POOL_BYTES;
 
-function takeRandom(length: number): Buffer {
+/** Fills `target[at, at + length)` with fresh random bytes from the pool. */
+function takeRandomInto(target: Buffer, at: number, length: number): void {
   if (randomPoolAt + length > RANDOM_POOL_BYTES) {
     randomFillSync(randomPool);
     randomPoolAt = 0;
   }
-  const slice = randomPool.subarray(randomPoolAt, randomPoolAt + length);
-  randomPoolAt += length;
-  const taken = Buffer.from(slice);
-  slice.fill(0);
-  return taken;
-}
-
-function gcmEncrypt(key: Buffer, aad: Buffer, plaintext: Buffer): { iv: Buffer; tag: Buffer; ciphertext: Buffer } {
-  // Random 96-bit IVs: a data key is used once, and a master key wraps far fewer than the 2^32
-  // values after which random IV collisions would become a concern.
-  const iv = takeRandom(IV_BYTES);
-  const cipher = createCipheriv('aes-256-gcm', key, iv, { authTagLength: TAG_BYTES });
-  cipher.setAAD(aad);
-  const ciphertext = Buffer.concat([cipher.update(plaintext), cipher.final()]);
-  return { iv, tag: cipher.getAuthTag(), ciphertext };
+  const end = randomPoolAt + length;
+  randomPool.copy(target, at, randomPoolAt, end);
+  randomPool.fill(0, randomPoolAt, end);
+  randomPoolAt = end;
 }
 
 /** Returns null when the tag does not verify; never returns unauthenticated bytes. */
@@ -124,11 +114,6 @@ function gcmDecrypt(key: Buffer, aad: Buffer, iv: Buffer, tag: Buffer, ciphertex
     head.fill(0);
     return null;
   }
-}
-
-function wrapDataKey(master: MasterKey, ctx: SealContext, dataKey: Buffer): Buffer {
-  const wrapped = gcmEncrypt(master.key, wrapAad(master.id, ctx), dataKey);
-  return Buffer.concat([Buffer.from([SEALED_VERSION]), Buffer.from(master.id, 'hex'), wrapped.iv, wrapped.ciphertext, wrapped.tag]);
 }
 
 type Unwrapped = { ok: true; keyId: string; dataKey: Buffer } | OpenFailure;
@@ -163,15 +148,38 @@ function decryptData(dataKey: Buffer, ctx: SealContext, sealed: Buffer): Buffer 
   );
 }
 
+/**
+ * Seals into one buffer of the final size: the IVs are drawn into it, and each cipher's output and
+ * tag are copied to their offsets (no intermediate buffers to concatenate: sealing is on every
+ * task's hot path, several times). The data key lives in a scratch buffer that is wiped before
+ * this returns; sealing is synchronous, so no two seals share it.
+ */
+const dataKeyScratch = Buffer.alloc(DATA_KEY_BYTES);
+
+function encryptInto(out: Buffer, key: Buffer, aad: Buffer, ivAt: number, tagAt: number, plaintext: Buffer, textAt: number): void {
+  // Random 96-bit IVs: a data key is used once, and a master key wraps far fewer than the 2^32
+  // values after which random IV collisions would become a concern.
+  takeRandomInto(out, ivAt, IV_BYTES);
+  const cipher = createCipheriv('aes-256-gcm', key, out.subarray(ivAt, ivAt + IV_BYTES), { authTagLength: TAG_BYTES });
+  cipher.setAAD(aad);
+  cipher.update(plaintext).copy(out, textAt);
+  cipher.final();
+  cipher.getAuthTag().copy(out, tagAt);
+}
+
 export function sealBytes(ring: MasterKeyRing, ctx: SealContext, plaintext: Buffer): Buffer {
   checkContext(ctx);
-  const dataKey = takeRandom(DATA_KEY_BYTES);
+  const master = ring.active;
+  const out = Buffer.alloc(SEALED_HEADER_BYTES + plaintext.length);
+  out[0] = SEALED_VERSION;
+  out.write(master.id, KEY_ID_AT, MASTER_KEY_ID_BYTES, 'hex');
+  takeRandomInto(dataKeyScratch, 0, DATA_KEY_BYTES);
   try {
-    const header = wrapDataKey(ring.active, ctx, dataKey);
-    const data = gcmEncrypt(dataKey, dataAad(ctx), plaintext);
-    return Buffer.concat([header, data.iv, data.tag, data.ciphertext]);
+    encryptInto(out, master.key, wrapAad(master.id, ctx), WRAP_IV_AT, WRAP_TAG_AT, dataKeyScratch, WRAPPED_KEY_AT);
+    encryptInto(out, dataKeyScratch, dataAad(ctx), DATA_IV_AT, DATA_TAG_AT, plaintext, SEALED_HEADER_BYTES);
+    return out;
   } finally {
-    dataKey.fill(0);
+    dataKeyScratch.fill(0);
   }
 }
 
@@ -240,8 +248,11 @@ export function rewrapSealed(ring: MasterKeyRing, ctx: SealContext, sealed: Buff
     if (unwrapped.keyId === ring.active.id) {
       return { ok: true, sealed, changed: false };
     }
-    const header = wrapDataKey(ring.active, ctx, unwrapped.dataKey);
-    return { ok: true, sealed: Buffer.concat([header, sealed.subarray(DATA_IV_AT)]), changed: true };
+    const active = ring.active;
+    const rewrapped = Buffer.from(sealed);
+    rewrapped.write(active.id, KEY_ID_AT, MASTER_KEY_ID_BYTES, 'hex');
+    encryptInto(rewrapped, active.key, wrapAad(active.id, ctx), WRAP_IV_AT, WRAP_TAG_AT, unwrapped.dataKey, WRAPPED_KEY_AT);
+    return { ok: true, sealed: rewrapped, changed: true };
   } finally {
     unwrapped.dataKey.fill(0);
   }

@@ -116,7 +116,24 @@ export function sealTaskHistory(sealer: Sealer, task: Pick<NewTask, 'id' | 'answ
 
 function sealHistory(sealer: Sealer, taskId: string, level: PrivacyLevel, history: Message[]): Buffer | null {
   const kept = keepAtLevel(level, history);
-  return kept === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'history'), kept);
+  return kept === undefined ? null : sealTaskColumn(sealer, taskId, 'history', kept);
+}
+
+/**
+ * What this process sealed into a task column, by the sealed bytes. A row it wrote and answers
+ * from (the task a blocking SendMessage's completion committed) is shown from the value it sealed
+ * instead of opening the bytes again: each opening is two AES-GCM operations and a JSON parse of
+ * what the process held a moment before. Only a buffer sealed here is known (a row read from the
+ * database holds buffers of its own), and an entry lives exactly as long as its buffer does. The
+ * value is shared by every reader of that buffer, as a parsed one is not: readers never change
+ * what they open, and the sealers' callers never change a value once it is sealed.
+ */
+const sealedHere = new WeakMap<Buffer, unknown>();
+
+function sealTaskColumn(sealer: Sealer, taskId: string, column: 'status_message' | 'artifacts' | 'history', value: unknown): Buffer {
+  const sealed = sealer.sealJson(taskColumnContext(taskId, column), value);
+  sealedHere.set(sealed, value);
+  return sealed;
 }
 
 /** Content kept at the answer level: full as is, redacted masked; nothing at metadata or none (a task never stores summaries in place of messages). */
@@ -140,6 +157,7 @@ export const isUuid = (value: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[
 
 export function openSealed<T>(sealer: Sealer, taskId: string, column: 'status_message' | 'artifacts' | 'history', value: Buffer | null, fallback: T): T {
   if (value === null) return fallback;
+  if (sealedHere.has(value)) return sealedHere.get(value) as T;
   const opened = sealer.openJson<T>(taskColumnContext(taskId, column), value);
   if (!opened.ok) throw new Error(`task ${taskId} ${column} cannot be opened (${opened.reason})`);
   return opened.value;
@@ -277,8 +295,8 @@ export function prepareTaskResult(
   const newHistory = result.statusMessage
     ? sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', sealedHistory, []), result.statusMessage])
     : null;
-  const sealedArtifacts = artifacts === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'artifacts'), artifacts);
-  const sealedStatus = status === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'status_message'), status);
+  const sealedArtifacts = artifacts === undefined ? null : sealTaskColumn(sealer, taskId, 'artifacts', artifacts);
+  const sealedStatus = status === undefined ? null : sealTaskColumn(sealer, taskId, 'status_message', status);
   return {
     artifacts: artifacts ?? [],
     statusMessage: status ?? null,

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { assign, createActor, fromPromise, sendTo, setup, toPromise, type AnyStateMachine, type StateValue } from 'xstate';
 import {
   agentLoopMachine,
+  ALL_STAGES_GUARDED,
   freshLoopState,
   type CheckpointResult,
   type GuardrailOutcome,
@@ -98,6 +99,7 @@ function loopInput(overrides: Partial<LoopContext> = {}): LoopContext {
   return {
     ...freshLoopState([{ role: 'user', content: 'hello' }]),
     limits: { maxIterations: 4, tokenBudget: null },
+    guarded: ALL_STAGES_GUARDED,
     outcome: null,
     ...overrides,
   };
@@ -187,6 +189,7 @@ const scriptArbitrary: fc.Arbitrary<Script> = fc.record({
 const startArbitrary: fc.Arbitrary<LoopContext> = fc
   .record({
     limits: fc.record({ maxIterations: fc.integer({ min: 1, max: 4 }), tokenBudget: fc.option(fc.integer({ min: 1, max: 120 }), { nil: null }) }),
+    guarded: fc.record({ input: fc.boolean(), answer: fc.boolean() }),
     iteration: fc.nat(2),
     inputTokens: fc.nat(30),
     inputChecked: fc.boolean(),
@@ -200,8 +203,8 @@ const startArbitrary: fc.Arbitrary<LoopContext> = fc
       fc.record({ kind: fc.constant('tool_result' as const), content: text }),
     ),
   })
-  .map(({ limits, iteration, inputTokens, inputChecked, lastText, calls, start }) => {
-    const base = loopInput({ limits, iteration, inputTokens, inputChecked, lastText });
+  .map(({ limits, guarded, iteration, inputTokens, inputChecked, lastText, calls, start }) => {
+    const base = loopInput({ limits, guarded, iteration, inputTokens, inputChecked, lastText });
     switch (start.kind) {
       case 'fresh':
         return base;
@@ -315,6 +318,52 @@ describe('the agent loop through the stepper and through an actor', () => {
     const trace = await expectSameLaw(loopInput(), script({ callModel: [reply({ toolCalls: [call] }), reply({ text: 'ok' })] }));
     expect(trace.values).toEqual(['checkpoint', 'checkingInput', 'callingModel', 'runningTools', 'checkpoint', 'callingModel', 'checkingAnswer', 'done']);
     expect(trace.calls.map((entry) => entry.src)).toEqual(['checkpoint', 'checkGuardrails', 'callModel', 'runTools', 'checkpoint', 'callModel', 'checkGuardrails']);
+  });
+
+  // An agent without a guardrail for a stage: the loop passes the stage without invoking the check,
+  // and ends exactly as a guardrail that allows everything would have made it end.
+  it('passes an unguarded stage as an allowing guardrail would, without invoking the check (fast-check)', async () => {
+    // The other steps see the loop's context, which names the guarded stages: those are left out.
+    const withoutGuardrailCalls = (trace: Trace) =>
+      trace.calls
+        .filter((entry) => entry.src !== 'checkGuardrails')
+        .map(({ src, input }) => {
+          const { context, ...rest } = input as { context: LoopContext };
+          const { guarded: _guarded, ...shown } = context;
+          return { src, input: { ...rest, context: shown } };
+        });
+    const withoutGuarded = (trace: Trace) => {
+      if (!('context' in trace.result)) return trace.result;
+      const { guarded: _guarded, ...context } = trace.result.context;
+      return { output: trace.result.output, context };
+    };
+    await fc.assert(
+      fc.asyncProperty(startArbitrary, scriptArbitrary, fc.record({ input: fc.boolean(), answer: fc.boolean() }), async (start, steps, guarded) => {
+        const allowing = { ...steps, checkGuardrails: [] };
+        const checked = await expectSameLaw({ ...start, guarded: ALL_STAGES_GUARDED }, allowing);
+        const passed = await expectSameLaw({ ...start, guarded }, allowing);
+        expect(withoutGuarded(passed)).toEqual(withoutGuarded(checked));
+        expect(withoutGuardrailCalls(passed)).toEqual(withoutGuardrailCalls(checked));
+        for (const entry of passed.calls) {
+          if (entry.src === 'checkGuardrails') expect(guarded[(entry.input as { stage: 'input' | 'answer' }).stage]).toBe(true);
+        }
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('runs an echo turn of an agent without guardrails as checkpoint, model call, done', async () => {
+    const trace = await expectSameLaw(loopInput({ guarded: { input: false, answer: false } }), script({ callModel: [reply({ text: 'hi' })] }));
+    expect(trace.values).toEqual(['checkpoint', 'callingModel', 'done']);
+    expect(trace.calls.map((entry) => entry.src)).toEqual(['checkpoint', 'callModel']);
+    expect(outputOf(trace)).toEqual({ kind: 'complete', reason: 'completed', answer: 'hi', presentation: 'artifact' });
+    expect('context' in trace.result && trace.result.context.inputChecked).toBe(true);
+  });
+
+  it('checks only the stage a guardrail is configured for', async () => {
+    const trace = await expectSameLaw(loopInput({ guarded: { input: false, answer: true } }), script({ callModel: [reply({ text: 'hi' })] }));
+    expect(trace.values).toEqual(['checkpoint', 'callingModel', 'checkingAnswer', 'done']);
+    expect(trace.calls.filter((entry) => entry.src === 'checkGuardrails').map((entry) => entry.input)).toEqual([{ stage: 'answer', text: 'hi' }]);
   });
 
   it('lets concurrent runs share one stepper', async () => {
