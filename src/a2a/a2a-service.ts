@@ -17,7 +17,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
 import { readJournal } from '../tasks/journal.js';
-import { JournalWait, type JournalListener } from '../tasks/journal-listener.js';
+import { JournalWait, wokenOrAfter, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
   contextTranscript,
@@ -495,10 +495,7 @@ export class A2AService {
         // At shutdown a stream ends once it has sent everything committed (the runs this process
         // could finish are finished and projected by then); the client resumes elsewhere.
         if (this.deps.shutdown?.aborted) return;
-        let timer: NodeJS.Timeout | undefined;
-        await Promise.race([woken, new Promise((resolve) => (timer = setTimeout(resolve, listener.listening ? 15_000 : 500).unref()))]);
-        // Cleared once woken, so a stream of many events does not leave a timer running per event.
-        clearTimeout(timer);
+        await wokenOrAfter(woken, listener.listening ? 15_000 : 500);
       }
     } finally {
       options.signal.removeEventListener('abort', onAbort);

@@ -47,6 +47,7 @@ export function namedIfPrepared(text: string, counts: PreparedCounts): string | 
   }
   const runs = counts.get(name) ?? 0;
   counts.set(name, runs + 1);
-  const generation = GENERATIONS.filter((threshold) => runs >= threshold).length;
+  let generation = 0;
+  while (generation < GENERATIONS.length && runs >= GENERATIONS[generation]!) generation += 1;
   return { text, name: `${name}_${generation}` };
 }

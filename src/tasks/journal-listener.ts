@@ -15,6 +15,20 @@ export type LocalCommit = { committed: (task: TaskRow, notice: JournalNotice) =>
 type Waiter = (notice: JournalNotice | null, committed?: TaskRow) => void;
 
 /**
+ * Resolves once `woken` settles or `ms` have passed, whichever is first. The timer is cleared
+ * either way: left to run out, it would keep the wait's closure (a request's, a stream's) alive
+ * for the whole delay after the wait ended, one per answer or event under load.
+ */
+export async function wokenOrAfter(woken: Promise<unknown>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([woken, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms).unref()))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
  * One LISTEN connection per process: each journal commit (a run's completion, the projector)
  * NOTIFYs the task id, and waiting requests and streams are woken, never polled. After a reconnect every waiter is
  * woken once, since notifications sent meanwhile were missed; waiters always reread the journal.
@@ -172,9 +186,7 @@ export class JournalWait {
     if (this.committed) return this.committed;
     const settled = this.listener.localCommitsSettled(this.taskId);
     if (settled) {
-      let timer: NodeJS.Timeout | undefined;
-      await Promise.race([settled, new Promise<void>((resolve) => (timer = setTimeout(resolve, capMs)))]);
-      clearTimeout(timer);
+      await wokenOrAfter(settled, capMs);
     }
     return this.committed;
   }
@@ -201,11 +213,7 @@ export class JournalWait {
         if (remaining <= 0 || stop?.aborted) return false;
         // While the listener reconnects, read the journal every half second instead.
         const poll = !this.listener.listening;
-        // The timer is cleared once woken: left to run out it would keep its closure (and the
-        // request's wait) alive for up to the whole cap after the answer went out.
-        let timer: NodeJS.Timeout | undefined;
-        await Promise.race([woken, new Promise((resolve) => (timer = setTimeout(resolve, poll ? Math.min(remaining, 500) : remaining).unref()))]);
-        clearTimeout(timer);
+        await wokenOrAfter(woken, poll ? Math.min(remaining, 500) : remaining);
         if (poll) mustRead = true;
       }
     } finally {
