@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { DatabasePool } from 'slonik';
+import { createClient } from '../../src/auth/client-repository.js';
 import { migrate } from '../../src/db/migrate.js';
 import { createDatabasePool } from '../../src/db/pool.js';
 
@@ -52,4 +53,11 @@ export async function createTestDatabase(options: { migrate?: boolean } = {}): P
       await database.drop();
     },
   };
+}
+
+/** Creates an A2A client in the test database and returns its id (the owner of the tasks a test writes directly). */
+export async function createTestClient(db: TestDatabase, name: string): Promise<string> {
+  const created = await createClient(db.pool, name);
+  if (!created.ok) throw new Error(`client ${name}: ${created.reason}`);
+  return created.client.id;
 }

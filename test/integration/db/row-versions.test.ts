@@ -3,7 +3,6 @@ import { pino } from 'pino';
 import { sql, type CommonQueryMethods } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { createClient } from '../../../src/auth/client-repository.js';
 import {
   claimForResume,
   claimQueuedRun,
@@ -17,7 +16,7 @@ import {
 } from '../../../src/runs/run-repository.js';
 import { countTasks, foldTaskCountDeltas } from '../../../src/tasks/task-counts.js';
 import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
-import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
 
 // What sql/0016 promises, read from Postgres's own statistics on a real database: task-count deltas
@@ -35,9 +34,7 @@ const worker = { workerId: 'rows-worker', leaseMs: 60_000 };
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  const created = await createClient(db.pool, 'rows-other');
-  if (!created.ok) throw new Error(created.reason);
-  otherOwner = await db.pool.oneFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM clients WHERE name = 'rows-other'`);
+  otherOwner = await createTestClient(db, 'rows-other');
 });
 afterAll(async () => {
   await db?.drop();

@@ -3,7 +3,6 @@ import { pino } from 'pino';
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { createClient } from '../../../src/auth/client-repository.js';
 import { completeRun, type CompletionInput } from '../../../src/tasks/complete-run.js';
 import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
 import { createTasksInNewContexts, TaskCreations, type TaskCreation } from '../../../src/tasks/task-creation.js';
@@ -11,7 +10,7 @@ import { getTaskRowById, taskView } from '../../../src/tasks/task-repository.js'
 import { getRun } from '../../../src/runs/run-repository.js';
 import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
-import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf, newClientToken } from '../push/push-support.js';
@@ -28,9 +27,7 @@ let db: TestDatabase;
 let owner = '';
 beforeAll(async () => {
   db = await createTestDatabase();
-  const created = await createClient(db.pool, 'group-commit');
-  if (!created.ok) throw new Error(created.reason);
-  owner = await db.pool.oneFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM clients WHERE name = 'group-commit'`);
+  owner = await createTestClient(db, 'group-commit');
 });
 afterAll(async () => db?.drop());
 

@@ -3,7 +3,6 @@ import { pino } from 'pino';
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { createClient } from '../../../src/auth/client-repository.js';
 import { createPushConfig } from '../../../src/push/push-config-repository.js';
 import { AuditTrail } from '../../../src/runs/audit-trail.js';
 import type { FastRun } from '../../../src/runs/fast-runs.js';
@@ -13,7 +12,7 @@ import type { CompletionInput } from '../../../src/tasks/complete-run.js';
 import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
 import { createTasksInNewContexts, heldRowsOfFastRun, type TaskCreation } from '../../../src/tasks/task-creation.js';
 import { getTaskRowById, recordAgentStatusMessage, sealTaskHistory } from '../../../src/tasks/task-repository.js';
-import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf } from '../push/push-support.js';
 
@@ -30,9 +29,7 @@ let db: TestDatabase;
 let owner = '';
 beforeAll(async () => {
   db = await createTestDatabase();
-  const created = await createClient(db.pool, 'held-completion');
-  if (!created.ok) throw new Error(created.reason);
-  owner = await db.pool.oneFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM clients WHERE name = 'held-completion'`);
+  owner = await createTestClient(db, 'held-completion');
 });
 afterAll(async () => db?.drop());
 
