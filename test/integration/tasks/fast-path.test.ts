@@ -2,6 +2,7 @@ import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { runJobId } from '../../../src/queue/job-ids.js';
+import { PURGE_JOB, SWEEP_JOB } from '../../../workers/maintenance.js';
 import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
 import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-key.js';
@@ -80,6 +81,16 @@ describe('a process with workers and a free run slot', () => {
     // No sweep during the test: the statement log counts every commit of this test process.
     fast = await startTestKeel({ overrides: { ...overrides, KEEL_MAINTENANCE_SWEEP_SECONDS: '600' } });
     fastToken = await newClientToken(fast.context.pool);
+    // The maintenance schedulers run their first sweep and retention purge at start: the test
+    // waits until both have run (each scheduled next at its interval) and finished, or their
+    // statements would land in the counted window.
+    const maintenance = fast.context.queues.queue('maintenance');
+    await waitFor(async () => {
+      const soon = Date.now() + 60_000;
+      const [sweep, purge] = await Promise.all([maintenance.getJobScheduler(SWEEP_JOB), maintenance.getJobScheduler(PURGE_JOB)]);
+      const counts = await maintenance.getJobCounts('active', 'waiting', 'prioritized');
+      return (sweep?.next ?? 0) > soon && (purge?.next ?? 0) > soon && counts.active + counts.waiting + counts.prioritized === 0;
+    }, 'the start-up maintenance jobs ran', 30_000);
   });
   afterAll(async () => fast?.dispose());
 
