@@ -495,7 +495,7 @@ async function withTrackedDatabase<T>(fn: (url: string) => Promise<T>): Promise<
 /** One admin connection watching a bench database during a measurement: the most backends connected to it. */
 class DatabaseProbe {
   peakBackends = 0;
-  private busy = false;
+  private sampling: Promise<void> | null = null;
 
   private constructor(
     private readonly client: pg.Client,
@@ -509,16 +509,15 @@ class DatabaseProbe {
   }
 
   sampleBackends(): void {
-    if (this.busy) return;
-    this.busy = true;
-    this.client
+    if (this.sampling) return;
+    this.sampling = this.client
       .query<{ n: number }>('SELECT numbackends AS n FROM pg_stat_database WHERE datname = $1', [this.name])
       .then(({ rows }) => {
         this.peakBackends = Math.max(this.peakBackends, rows[0]?.n ?? 0);
       })
       .catch(() => undefined)
       .finally(() => {
-        this.busy = false;
+        this.sampling = null;
       });
   }
 
@@ -528,6 +527,8 @@ class DatabaseProbe {
    * processes, which pg_stat_activity lists without a database). Not the bench's admin connections.
    */
   async cpuPids(): Promise<Record<string, number[]>> {
+    // One query at a time on the probe's connection (pg queues a second one, and warns).
+    await this.sampling;
     const { rows } = await this.client.query<{ pid: number; background: boolean }>(
       'SELECT pid, datname IS NULL AS background FROM pg_stat_activity WHERE datname = $1 OR ($2 AND datname IS NULL)',
       [this.name, privatePostgres !== null],

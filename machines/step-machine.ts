@@ -8,10 +8,10 @@ import {
   type ContextFrom,
   type InputFrom,
   type OutputFrom,
-  type SnapshotFrom,
   type StateMachine,
   type StateValue,
 } from 'xstate';
+import { compileFlatTransitions, type ComputedStep, type MachineTransitions, type StepEffect, type StepSnapshot } from './flat-transitions.js';
 
 // Runs a machine whose work is done by promise invokes without creating an actor for it: the
 // machine is stepped through its own pure transition function, and each invoke the new state
@@ -24,7 +24,10 @@ import {
 // on every call, which costs more than the actor path it would replace. The stepper calls the
 // functions they wrap, `machine.getInitialSnapshot(scope, input)` and
 // `machine.transition(snapshot, event, scope)` (the machine's ActorLogic interface), with one
-// inert scope built once per stepper.
+// inert scope built once per stepper. A flat machine (the agent loop) is cheaper still: its
+// transitions are read once from its state nodes and computed without a snapshot object, a child
+// actor or an action list per microstep (flat-transitions.ts, decision 0032); `engine` says which
+// computation a stepper uses.
 //
 // What a machine may use, checked when the stepper is created (a machine that needs more is
 // refused then, not halfway through a run):
@@ -85,13 +88,26 @@ export type SteppedRun<TMachine extends AnyStateMachine> = {
   value: StateValue;
 };
 
+/** What a run shows of each snapshot it passes through. */
+export type SteppedSnapshot<TMachine extends AnyStateMachine> = {
+  status: 'active' | 'done';
+  value: StateValue;
+  context: ContextFrom<TMachine>;
+};
+
 export type StepOptions<TMachine extends AnyStateMachine> = {
   /**
    * Sees every snapshot the run passes through, as an actor's subscribers would: the initial one,
    * then one per step outcome; an error snapshot rejects the run instead.
    */
-  onSnapshot?: (snapshot: SnapshotFrom<TMachine>) => void;
+  onSnapshot?: (snapshot: SteppedSnapshot<TMachine>) => void;
 };
+
+/**
+ * How the stepper computes transitions: `flat` from the machine's state nodes read once (a flat
+ * machine only), `xstate` with the machine's own `transition`.
+ */
+export type StepEngine = 'flat' | 'xstate';
 
 export type MachineStepper<TMachine extends AnyStateMachine> = {
   /**
@@ -102,11 +118,13 @@ export type MachineStepper<TMachine extends AnyStateMachine> = {
   run: (input: InputFrom<TMachine>, steps: MachineSteps<TMachine>, options?: StepOptions<TMachine>) => Promise<SteppedRun<TMachine>>;
   /** The step functions every run must supply: the names of the actors the machine invokes. */
   readonly invokedSources: readonly string[];
+  readonly engine: StepEngine;
 };
 
 /** What `transition` reports besides the snapshot: the effects the stepper has to carry out. */
 export type ExecutableAction = { type: string; params: unknown };
 type SpawnParams = { id: string; src: unknown; input: unknown };
+type Effect = ExecutableAction | StepEffect;
 
 type Settlement = { id: string; ok: true; output: unknown } | { id: string; ok: false; error: unknown };
 type Running = { settled: Promise<Settlement>; abort: LazyAbort };
@@ -134,23 +152,35 @@ export function inertScope(collect: (action: ExecutableAction) => void): AnyActo
   };
 }
 
-export function createMachineStepper<TMachine extends AnyStateMachine>(machine: TMachine): MachineStepper<TMachine> {
+/** The machine's own transition function, computed in an inert scope that collects the effects. */
+function xstateTransitions(machine: AnyStateMachine, scope: AnyActorScope, collect: (into: ExecutableAction[]) => void): MachineTransitions {
+  // Transitions are synchronous, so concurrent runs never share a collection.
+  function computed(compute: () => AnyMachineSnapshot): ComputedStep {
+    const actions: ExecutableAction[] = [];
+    collect(actions);
+    const snapshot = compute();
+    collect([]);
+    return [snapshot as StepSnapshot, actions as StepEffect[]];
+  }
+  return {
+    initial: (input) => computed(() => machine.getInitialSnapshot(scope, input)),
+    next: (snapshot, event) => computed(() => machine.transition(snapshot as AnyMachineSnapshot, event, scope)),
+  };
+}
+
+export function createMachineStepper<TMachine extends AnyStateMachine>(
+  machine: TMachine,
+  { engine: requested }: { engine?: StepEngine } = {},
+): MachineStepper<TMachine> {
   const invokedSources = checkSteppable(machine);
 
-  // The scope every transition of every run is computed in. It collects the executable actions of
-  // the transition being computed; transitions are synchronous, so concurrent runs never share a
-  // collection.
+  // The scope every transition of every run is computed in (the flat engine uses only its `self`).
   let collected: ExecutableAction[] = [];
   const scope = inertScope((action) => collected.push(action));
-  const logic: AnyStateMachine = machine;
-
-  function computed(compute: () => AnyMachineSnapshot): [AnyMachineSnapshot, ExecutableAction[]] {
-    const actions: ExecutableAction[] = [];
-    collected = actions;
-    const snapshot = compute();
-    collected = [];
-    return [snapshot, actions];
-  }
+  const flat = requested === 'xstate' ? null : compileFlatTransitions(machine, { self: scope.self, system: scope.system });
+  if (requested === 'flat' && flat && !flat.flat) throw new Error(`machine ${machine.id} is not flat:\n  ${flat.reasons.join('\n  ')}`);
+  const engine: StepEngine = flat?.flat ? 'flat' : 'xstate';
+  const transitions = flat?.flat ? flat.transitions : xstateTransitions(machine, scope, (into) => (collected = into));
 
   async function run(input: InputFrom<TMachine>, steps: MachineSteps<TMachine>, options: StepOptions<TMachine> = {}): Promise<SteppedRun<TMachine>> {
     const stepOf = steps as Record<string, ((input: unknown, control: StepControl) => Promise<unknown>) | undefined>;
@@ -175,7 +205,7 @@ export function createMachineStepper<TMachine extends AnyStateMachine>(machine: 
       running.set(id, { settled, abort });
     };
 
-    const carryOut = (actions: readonly ExecutableAction[]) => {
+    const carryOut = (actions: readonly Effect[]) => {
       for (const action of actions) {
         switch (action.type) {
           case 'xstate.spawnChild':
@@ -202,12 +232,12 @@ export function createMachineStepper<TMachine extends AnyStateMachine>(machine: 
       }
     };
 
-    let [snapshot, actions] = computed(() => logic.getInitialSnapshot(scope, input));
+    let [snapshot, actions] = transitions.initial(input);
     try {
       for (;;) {
         carryOut(actions);
         if (snapshot.status === 'error') throw snapshot.error;
-        options.onSnapshot?.(snapshot as SnapshotFrom<TMachine>);
+        options.onSnapshot?.(snapshot as SteppedSnapshot<TMachine>);
         if (snapshot.status === 'done') {
           return { output: snapshot.output as OutputFrom<TMachine>, context: snapshot.context as ContextFrom<TMachine>, value: snapshot.value };
         }
@@ -220,15 +250,14 @@ export function createMachineStepper<TMachine extends AnyStateMachine>(machine: 
         const event = settled.ok
           ? { type: `xstate.done.actor.${settled.id}`, output: settled.output, actorId: settled.id }
           : { type: `xstate.error.actor.${settled.id}`, error: settled.error, actorId: settled.id };
-        const current = snapshot;
-        [snapshot, actions] = computed(() => logic.transition(current, event, scope));
+        [snapshot, actions] = transitions.next(snapshot, event);
       }
     } finally {
       stopAll();
     }
   }
 
-  return { run, invokedSources };
+  return { run, invokedSources, engine };
 }
 
 /** Every state node of a machine, the root included. */

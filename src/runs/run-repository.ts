@@ -374,7 +374,7 @@ export type CompletedSettle = {
 /**
  * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
  * commit): what settleRun writes for each, guarded the same way (only from the statuses COMPLETE
- * leaves, only by the worker holding the run). The target is `r`: the caller returns `r.*`. With
+ * leaves, only by the worker holding the run). The target is `r`: the caller returns what it reads of it. With
  * `onlyRunsOf`, only the runs that CTE of the same statement names (`run_id`): the ones it locked
  * and found as the caller expected (complete-held-runs.ts).
  */

@@ -6,7 +6,7 @@ import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trai
 import { completeRunsStatement } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows } from './complete-run.js';
+import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows, type SettledRun } from './complete-run.js';
 import { insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from './journal-writer.js';
 import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
 
@@ -31,9 +31,15 @@ export function writableHeld(input: CompletionInput): input is CompletionInput &
   );
 }
 
-const outcomeRow = z
-  .object({ held: z.number(), id: z.string().nullable() })
-  .passthrough();
+/** The statement's rows: the held count on each, and one settled run per row (none when nothing was held). */
+const outcomeRow = z.object({
+  held: z.number(),
+  id: z.string().nullable(),
+  task_id: z.string().nullable(),
+  status: runRow.shape.status.nullable(),
+  termination_reason: runRow.shape.termination_reason,
+  failure_detail: runRow.shape.failure_detail,
+});
 
 type Item = {
   /** The completion's place among the inputs. */
@@ -87,7 +93,7 @@ export async function completeHeldRuns(
   }
 
   const results: Array<CompletionResult | null> = inputs.map(() => null);
-  const written = items.length === 0 ? new Map<string, z.infer<typeof runRow>>() : await writeHeldCompletions(pool, items);
+  const written = items.length === 0 ? new Map<string, SettledRun>() : await writeHeldCompletions(pool, items);
   for (const item of items) {
     const { input } = item;
     const settled = written.get(input.runId);
@@ -123,7 +129,7 @@ export async function completeHeldRuns(
  * per config, are written by the transaction. The counts are checked inside the statement, so a
  * write that fell short fails the whole statement instead of committing part of a completion.
  */
-async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, z.infer<typeof runRow>>> {
+async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, SettledRun>> {
   const held = sql.identifier(['held']);
   const expected = items.map(({ input }) => [
     input.runId,
@@ -164,7 +170,7 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
       FOR UPDATE OF r, t),
     audited AS (${insertAuditRowsStatement(audit, held)} RETURNING 1),
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
-    settled AS (${completeRunsStatement(settles, held)} RETURNING r.*),
+    settled AS (${completeRunsStatement(settles, held)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
     notified AS (${notifyAllStatement(notices, held)}),
     counts AS (
@@ -174,5 +180,9 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
         ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
       s.*
     FROM counts c LEFT JOIN settled s ON true`);
-  return new Map(rows.filter((row) => row.id !== null).map((row) => [row.id!, runRow.parse(row)]));
+  const settled = new Map<string, SettledRun>();
+  for (const { id, task_id, status, termination_reason, failure_detail } of rows) {
+    if (id !== null && status !== null) settled.set(id, { id, task_id, status, termination_reason, failure_detail });
+  }
+  return settled;
 }

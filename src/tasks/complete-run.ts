@@ -74,8 +74,14 @@ export type CompletionInput = {
  */
 export type JournaledEnd = { write: JournalWrite; task: TaskRow };
 
+/**
+ * What a completion tells its caller of the run it settled: what the caller and the journal's
+ * answer read, so a completion need not return (and parse) the whole row.
+ */
+export type SettledRun = Pick<RunRow, 'id' | 'task_id' | 'status' | 'termination_reason' | 'failure_detail'>;
+
 /** The settle, and the journal write that came with it (null when nothing was journaled). */
-export type CompletionResult = SettleResult & { journaled: JournaledEnd | null };
+export type CompletionResult = ({ settled: true; run: SettledRun } | Extract<SettleResult, { settled: false }>) & { journaled: JournaledEnd | null };
 
 const lockedRun = z.object({
   status: z.string(),

@@ -44,7 +44,10 @@ const lockedRow = z.object({
 });
 type LockedRow = z.infer<typeof lockedRow>;
 
-const settledRow = runRow.extend({ push_configs: z.array(z.string()), results: z.number(), events: z.number(), notified: z.number() });
+/** A settled run as the caller reads it (SettledRun), with its task's push configs and the statement's counts. */
+const settledRow = runRow
+  .pick({ id: true, task_id: true, status: true, termination_reason: true, failure_detail: true })
+  .extend({ push_configs: z.array(z.string()), results: z.number(), events: z.number(), notified: z.number() });
 
 /** Whether a completion can take the batch's common path: it holds its run, the run serves a task, nothing stored to merge, a result may be kept. */
 function commonPath(input: CompletionInput, row: LockedRow | undefined): row is LockedRow {
@@ -155,7 +158,7 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
   const rows = await transaction.any(sql.type(settledRow)`${PREPARED}
     WITH audited AS (${insertAuditRowsStatement(audit)} RETURNING 1),
     results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
-    settled AS (${completeRunsStatement(settles)} RETURNING r.*),
+    settled AS (${completeRunsStatement(settles)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (
       SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,

@@ -1,6 +1,9 @@
 import { createAgentRun, enqueueRun } from '../../src/runs/create-agent-run.js';
 import { userRequest } from '../../src/runs/run-request.js';
 import type { RunRow } from '../../src/runs/run-row.js';
+import { getRun } from '../../src/runs/run-repository.js';
+import type { SettledRun } from '../../src/tasks/complete-run.js';
+import type { DatabasePool } from 'slonik';
 import type { TestKeel } from './test-keel.js';
 import { waitForRunStatus } from './wait-for.js';
 
@@ -19,4 +22,10 @@ export const TERMINAL = ['completed', 'failed', 'cancelled'] as const;
 export async function runToEnd(keel: TestKeel, agentId: string, text: string, timeoutMs = 30_000): Promise<RunRow> {
   const id = await startRun(keel, agentId, text);
   return waitForRunStatus(keel.context.pool, id, TERMINAL, timeoutMs);
+}
+
+/** What a completion reports of a run (SettledRun), read from the run's stored row. */
+export async function storedSettledRun(pool: DatabasePool, runId: string): Promise<SettledRun | null> {
+  const run = await getRun(pool, runId);
+  return run && { id: run.id, task_id: run.task_id, status: run.status, termination_reason: run.termination_reason, failure_detail: run.failure_detail };
 }

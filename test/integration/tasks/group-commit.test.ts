@@ -7,11 +7,11 @@ import { completeRun, type CompletionInput } from '../../../src/tasks/complete-r
 import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
 import { createTasksInNewContexts, TaskCreations, type TaskCreation } from '../../../src/tasks/task-creation.js';
 import { getTaskRowById, taskView } from '../../../src/tasks/task-repository.js';
-import { getRun } from '../../../src/runs/run-repository.js';
 import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
+import { storedSettledRun } from '../../support/run-helpers.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf, newClientToken } from '../push/push-support.js';
 
@@ -216,7 +216,7 @@ describe('completions written together', () => {
       const result = results[index]!;
       if (!result.settled) throw new Error(`run ${id} was not settled`);
       expect(result.journaled!.task).toEqual(stored);
-      expect(result.run).toEqual(await getRun(db.pool, id));
+      expect(result.run).toEqual(await storedSettledRun(db.pool, id));
     }
   });
 });

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { assign, createActor, fromPromise, sendTo, setup, toPromise, type AnyStateMachine, type StateValue } from 'xstate';
+import { and, assign, createActor, fromPromise, sendTo, setup, toPromise, type AnyStateMachine, type StateValue } from 'xstate';
 import {
   agentLoopMachine,
   ALL_STAGES_GUARDED,
@@ -366,6 +366,32 @@ describe('the agent loop through the stepper and through an actor', () => {
     expect(trace.calls.filter((entry) => entry.src === 'checkGuardrails').map((entry) => entry.input)).toEqual([{ stage: 'answer', text: 'hi' }]);
   });
 
+  // The flat engine reads the loop's transitions once from its state nodes; XState's own
+  // `transition` is the reference it must agree with snapshot by snapshot, not only at the end.
+  it('computes the loop with the flat engine, snapshot for snapshot as XState computes it (fast-check)', async () => {
+    expect(stepper.engine).toBe('flat');
+    const reference = createMachineStepper(agentLoopMachine, { engine: 'xstate' });
+    expect(reference.engine).toBe('xstate');
+    const through = async (which: typeof stepper, input: LoopContext, steps: Script) => {
+      const calls: Call[] = [];
+      const snapshots: unknown[] = [];
+      const onSnapshot = (snapshot: { status: string; value: StateValue; context: LoopContext }) =>
+        snapshots.push(structuredClone({ status: snapshot.status, value: snapshot.value, context: snapshot.context }));
+      try {
+        const run = await which.run(structuredClone(input), scriptedSteps(steps, calls), { onSnapshot });
+        return { snapshots, calls, result: { output: run.output, context: run.context, value: run.value } };
+      } catch (error) {
+        return { snapshots, calls, result: { error: (error as Error).message } };
+      }
+    };
+    await fc.assert(
+      fc.asyncProperty(startArbitrary, scriptArbitrary, async (input, steps) => {
+        expect(await through(stepper, input, steps)).toEqual(await through(reference, input, steps));
+      }),
+      { numRuns: 400 },
+    );
+  });
+
   it('lets concurrent runs share one stepper', async () => {
     const runs = await Promise.all(
       Array.from({ length: 20 }, (_, index) => throughStepper(loopInput(), script({ callModel: [reply({ toolCalls: [call] }), reply({ text: `answer ${index}` })] }))),
@@ -509,4 +535,186 @@ describe('the stepper on other machines', () => {
     expect(message).toContain('delayed transitions (after)');
     expect(createMachineStepper(agentLoopMachine).invokedSources).toEqual(['checkpoint', 'checkGuardrails', 'callModel', 'runTools']);
   });
+});
+
+describe('the flat engine against XState on small flat machines', () => {
+  type Outcome = { values: StateValue[]; result: { output: unknown; context: unknown } | { error: string } };
+
+  type Steps = Record<string, (input: never) => Promise<unknown>>;
+
+  /**
+   * The machine run three ways (an actor, the flat engine, XState's transition), each with fresh
+   * steps from `stepsOf`; a machine that is not flat runs two ways.
+   */
+  async function threeWays(machine: AnyStateMachine, stepsOf: () => Steps, input?: unknown, engines: ('flat' | 'xstate')[] = ['flat', 'xstate']): Promise<Outcome[]> {
+    const viaActor = async (): Promise<Outcome> => {
+      const steps = stepsOf();
+      const actors = Object.fromEntries(Object.entries(steps).map(([name, step]) => [name, fromPromise(({ input: stepInput }) => step(stepInput as never))]));
+      const values: StateValue[] = [];
+      const actor = createActor(machine.provide({ actors }), { input });
+      actor.subscribe({ next: (snapshot) => values.push(snapshot.value), error: () => undefined });
+      actor.start();
+      try {
+        const output = await toPromise(actor);
+        return { values, result: { output, context: actor.getSnapshot().context } };
+      } catch (error) {
+        return { values, result: { error: (error as Error).message } };
+      }
+    };
+    const viaStepper = async (engine: 'flat' | 'xstate'): Promise<Outcome> => {
+      const values: StateValue[] = [];
+      const stepped = createMachineStepper(machine, { engine });
+      expect(stepped.engine).toBe(engine);
+      try {
+        const run = await stepped.run(input as never, stepsOf() as never, { onSnapshot: (snapshot) => values.push(snapshot.value) });
+        return { values, result: { output: run.output, context: run.context } };
+      } catch (error) {
+        return { values, result: { error: (error as Error).message } };
+      }
+    };
+    const outcomes = [await viaActor()];
+    for (const engine of engines) outcomes.push(await viaStepper(engine));
+    return outcomes;
+  }
+
+  const expectAgreement = (outcomes: Outcome[]) => {
+    for (const outcome of outcomes.slice(1)) expect(outcome).toEqual(outcomes[0]);
+    return outcomes[0]!;
+  };
+
+  // Named guards with params, named assigns with params (static and computed), targetless eventless
+  // transitions that act until their guard turns false, guards that read the macrostep's event, a
+  // static invoke input, and the final state's output reaching the root's output.
+  const counter = setup({
+    types: { context: {} as { count: number; seen: string[]; limit: number }, input: {} as { limit: number }, output: {} as { total: number; note: unknown } },
+    actors: { tick: fromPromise<number, { step: number }>(async () => 0) },
+    guards: {
+      below: ({ context }, params: { limit: number }) => context.count < params.limit,
+      outputIs: ({ event }, params: { value: number }) => (event as { output?: unknown }).output === params.value,
+    },
+    actions: {
+      add: assign({ count: ({ context }, params: { by: number }) => context.count + params.by }),
+      note: assign(({ context }, params: { what: string }) => ({ seen: [...context.seen, params.what] })),
+    },
+  }).createMachine({
+    id: 'counter',
+    context: ({ input }) => ({ count: 0, seen: [], limit: input.limit }),
+    initial: 'counting',
+    states: {
+      counting: {
+        always: [
+          { guard: { type: 'below', params: ({ context }) => ({ limit: context.limit }) }, actions: [{ type: 'add', params: { by: 1 } }, { type: 'note', params: ({ context }) => ({ what: `at ${context.count}` }) }] },
+          { target: 'ticking' },
+        ],
+      },
+      ticking: {
+        invoke: {
+          src: 'tick',
+          input: { step: 2 },
+          onDone: [
+            { guard: { type: 'outputIs', params: { value: 7 } }, target: 'finished', actions: { type: 'note', params: { what: 'seven' } } },
+            { target: 'waited', actions: assign({ count: ({ context, event }) => context.count + event.output }) },
+          ],
+          onError: { target: 'finished', actions: { type: 'note', params: { what: 'tick failed' } } },
+        },
+      },
+      waited: {
+        always: [
+          { guard: ({ event }) => event.type.startsWith('xstate.done.actor.') && (event as unknown as { output: number }).output > 100, target: 'finished', actions: { type: 'note', params: { what: 'big' } } },
+          { target: 'ticking', guard: ({ context }) => context.count < 20 },
+          { target: 'finished' },
+        ],
+      },
+      finished: { type: 'final', output: ({ context }) => `ended at ${context.count}` },
+    },
+    output: ({ context, event }) => ({ total: context.count, note: (event as { output?: unknown }).output }),
+  });
+
+  it('computes guards, assigns, eventless transitions and output as XState does', async () => {
+    const ticks = (outputs: number[]) => () => {
+      let call = 0;
+      return { tick: async (input: { step: number }) => (outputs[call++] ?? 0) * input.step };
+    };
+    const outcome = expectAgreement(await threeWays(counter, ticks([5, 7]), { limit: 3 }));
+    expect(outcome.values).toEqual(['ticking', 'ticking', 'finished']);
+    expect(outcome.result).toMatchObject({ output: { total: 3 + 10 + 14, note: 'ended at 27' } });
+    const big = expectAgreement(await threeWays(counter, ticks([60]), { limit: 0 }));
+    expect(big.result).toMatchObject({ output: { total: 120, note: 'ended at 120' }, context: { seen: ['big'] } });
+    const seven = expectAgreement(await threeWays(counter, () => ({ tick: async () => 7 }), { limit: 1 }));
+    expect(seven.values).toEqual(['ticking', 'finished']);
+    // A computed action param sees the context the action before it left.
+    expect(seven.result).toMatchObject({ context: { seen: ['at 1', 'seven'] } });
+  });
+
+  it('takes onError for a step that fails, and rejects with an error no transition takes', async () => {
+    const handled = expectAgreement(await threeWays(counter, () => ({ tick: async () => { throw new Error('tick broke'); } }), { limit: 0 }));
+    expect(handled.result).toMatchObject({ context: { seen: ['tick failed'] } });
+
+    const unhandled = setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'working',
+      context: { tries: 0 },
+      states: { working: { invoke: { src: 'work', onDone: 'finished' } }, finished: { type: 'final' } },
+    });
+    const rejected = expectAgreement(await threeWays(unhandled, () => ({ work: async () => { throw new Error('broken step'); } })));
+    expect(rejected.result).toEqual({ error: 'broken step' });
+    // A machine without an output ends with none.
+    const plain = expectAgreement(await threeWays(unhandled, () => ({ work: async () => 1 })));
+    expect(plain.result).toEqual({ output: undefined, context: { tries: 0 } });
+  });
+
+  it('leaves a done event no transition takes at rest, as XState does', async () => {
+    const picky = setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'working',
+      states: { working: { invoke: { src: 'work', onDone: { guard: ({ event }) => event.output > 1, target: 'finished' } } }, finished: { type: 'final' } },
+    });
+    const outcomes = await threeWays(picky, () => ({ work: async () => 2 }));
+    expectAgreement(outcomes);
+    await expect(createMachineStepper(picky).run(undefined, { work: async () => 1 })).rejects.toThrow('rests in "working" with no step running');
+    await expect(createMachineStepper(picky, { engine: 'xstate' }).run(undefined, { work: async () => 1 })).rejects.toThrow('rests in "working" with no step running');
+  });
+
+  it('leaves every machine that is not flat to XState, naming why when flat is asked for', async () => {
+    const guardedTwice = setup({ actors: { work: fromPromise<number>(async () => 1) }, guards: { yes: () => true } }).createMachine({
+      initial: 'working',
+      states: { working: { invoke: { src: 'work', onDone: { guard: and(['yes', 'yes']), target: 'finished' } } }, finished: { type: 'final' } },
+    });
+    const again = setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'working',
+      context: { n: 0 },
+      states: {
+        working: { invoke: { src: 'work', onDone: [{ guard: ({ context }) => context.n < 2, target: 'working', reenter: true, actions: assign({ n: ({ context }) => context.n + 1 }) }, { target: 'finished' }] } },
+        finished: { type: 'final' },
+      },
+    });
+    const entered = setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'working',
+      context: { n: 0 },
+      states: { working: { entry: assign({ n: 1 }), invoke: { src: 'work', onDone: 'finished' } }, finished: { type: 'final' } },
+    });
+    const wildcard = setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'working',
+      states: { working: { invoke: { src: 'work' }, on: { '*': 'finished' } }, finished: { type: 'final' } },
+    });
+    const cases: [AnyStateMachine, string][] = [
+      [gatherLike(), 'is parallel'],
+      [guardedTwice, 'a higher-order guard'],
+      [again, 'a transition to its own state'],
+      [entered, 'has entry or exit actions'],
+      [wildcard, 'a wildcard event'],
+    ];
+    for (const [machine, reason] of cases) {
+      expect(createMachineStepper(machine).engine).toBe('xstate');
+      expect(() => createMachineStepper(machine, { engine: 'flat' })).toThrow(reason);
+    }
+    // XState still runs them: the self-targeting one re-enters its state and invokes again.
+    const repeated = expectAgreement(await threeWays(again, () => ({ work: async () => 1 }), undefined, ['xstate']));
+    expect(repeated.values).toEqual(['working', 'working', 'working', 'finished']);
+  });
+
+  function gatherLike(): AnyStateMachine {
+    return setup({ actors: { work: fromPromise<number>(async () => 1) } }).createMachine({
+      initial: 'both',
+      states: { both: { type: 'parallel', states: { a: { invoke: { src: 'work' } }, b: {} } } },
+    });
+  }
 });
