@@ -118,6 +118,7 @@ export type MachineStepper<TMachine extends AnyStateMachine> = {
   run: (input: InputFrom<TMachine>, steps: MachineSteps<TMachine>, options?: StepOptions<TMachine>) => Promise<SteppedRun<TMachine>>;
   /** The step functions every run must supply: the names of the actors the machine invokes. */
   readonly invokedSources: readonly string[];
+  /** Which computation of the machine's transitions the stepper uses (decision 0032). */
   readonly engine: StepEngine;
 };
 
