@@ -61,6 +61,15 @@ type FlatState = {
 /** What assign, guard and input functions get as `self`, `system` and `spawn` in a stepped run. */
 type Host = { self: unknown; system: unknown };
 
+/** A guard or action written by name, as a string or `{ type, params }`: its name and params (none inline). */
+function referenceOf(value: unknown): { name: string | undefined; params: unknown } {
+  if (typeof value === 'string') return { name: value, params: undefined };
+  if (typeof value === 'object' && value !== null && 'type' in value) {
+    return { name: String(value.type), params: 'params' in value ? value.params : undefined };
+  }
+  return { name: undefined, params: undefined };
+}
+
 export function compileFlatTransitions(machine: AnyStateMachine, host: Host): FlatCompilation {
   const reasons: string[] = [];
   const root = machine.root;
@@ -89,28 +98,26 @@ export function compileFlatTransitions(machine: AnyStateMachine, host: Host): Fl
       const inline = guard as (args: Args, params: unknown) => boolean;
       return (context, event) => inline({ context, event }, undefined);
     }
-    const name = typeof guard === 'string' ? guard : typeof guard === 'object' && guard !== null && 'type' in guard ? String(guard.type) : undefined;
+    const { name, params } = referenceOf(guard);
     const implementation = name === undefined ? undefined : guards[name];
     if (typeof implementation !== 'function' || 'check' in implementation) {
       reasons.push(`${where}: guard ${String(name)} is not a plain function in setup({ guards })`);
       return null;
     }
     const named = implementation as (args: Args, params: unknown) => boolean;
-    const params = typeof guard === 'object' && guard !== null && 'params' in guard ? (guard as { params: unknown }).params : undefined;
     if (typeof params === 'function') return (context, event) => named({ context, event }, params({ context, event }));
     return (context, event) => named({ context, event }, params);
   };
 
   const compileAction = (action: unknown, where: string): ContextUpdate | null => {
     const inline = typeof action === 'function';
-    const name = typeof action === 'string' ? action : !inline && typeof action === 'object' && action !== null && 'type' in action ? String(action.type) : undefined;
+    const { name, params } = inline ? { name: undefined, params: undefined } : referenceOf(action);
     const resolved = inline ? action : name === undefined ? undefined : actions[name];
     const assignment = (resolved as { type?: unknown; assignment?: unknown } | undefined)?.type === 'xstate.assign' ? (resolved as { assignment: unknown }).assignment : undefined;
     if (assignment === undefined) {
       reasons.push(`${where}: only assign actions are computed here`);
       return null;
     }
-    const params = !inline && typeof action === 'object' && action !== null && 'params' in action ? (action as { params: unknown }).params : undefined;
     const paramsOf = typeof params === 'function' ? (context: unknown, event: StepEvent) => params({ context, event }) : () => params;
     // As XState's resolveAssign: every property function sees the context from before this assign.
     const partialOf = (context: unknown, event: StepEvent): unknown => {
@@ -134,10 +141,8 @@ export function compileFlatTransitions(machine: AnyStateMachine, host: Host): Fl
     if (node.entry.length > 0 || node.exit.length > 0) reasons.push(`${where} has entry or exit actions`);
     if (node.after.length > 0) reasons.push(`${where} has delayed transitions`);
     if (node.type === 'final' && (node.invoke.length > 0 || (node.always ?? []).length > 0)) reasons.push(`${where} is final and invokes or moves on`);
-    const invokes = node.invoke.map((invoke) => {
-      if (typeof invoke.src !== 'string') reasons.push(`${where}: an invoke of inline logic`);
-      return { id: invoke.id, src: String(invoke.src), input: invoke.input as unknown };
-    });
+    // Invokes of inline logic were refused when the stepper was made (checkSteppable).
+    const invokes = node.invoke.map((invoke) => ({ id: invoke.id, src: String(invoke.src), input: invoke.input as unknown }));
     states.set(node, { key, node, final: node.type === 'final', invokes, always: [], on: new Map() });
   }
 
@@ -149,9 +154,7 @@ export function compileFlatTransitions(machine: AnyStateMachine, host: Host): Fl
     if (target === source) reasons.push(`${where}: a transition to its own state`);
     if (target === null && transition.actions.length === 0) reasons.push(`${where}: a transition that neither moves nor acts`);
     const updates = transition.actions.map((action) => compileAction(action, where)).filter((update): update is ContextUpdate => update !== null);
-    const guard = transition.guard;
-    const guardName = typeof guard === 'string' ? guard : typeof guard === 'object' && guard !== null && 'type' in guard ? String(guard.type) : undefined;
-    return { guard: compileGuard(guard, where), guardName, target, updates };
+    return { guard: compileGuard(transition.guard, where), guardName: referenceOf(transition.guard).name, target, updates };
   };
 
   for (const state of states.values()) {
@@ -215,7 +218,7 @@ export function compileFlatTransitions(machine: AnyStateMachine, host: Host): Fl
     const event: StepEvent = { type: 'xstate.init', input };
     const effects: StepEffect[] = [];
     const context = typeof contextConfig === 'function'
-      ? Object.assign({}, {}, contextConfig({ spawn, input, self: host.self }))
+      ? Object.assign({}, contextConfig({ spawn, input, self: host.self }))
       : (contextConfig ?? {});
     return [settle(enter(initialState, context, event, effects), event, effects), effects];
   };
