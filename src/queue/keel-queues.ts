@@ -2,6 +2,7 @@ import { Queue, Worker, createPostgresBackend, type Job, type JobsOptions, type 
 import { withDeadline, type Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 import { QUEUE_NAMES, type QueueName } from './queue-names.js';
+import { QueuePool } from './queue-pool.js';
 
 export type QueueBackend =
   | { kind: 'redis'; url: string; prefix?: string }
@@ -30,6 +31,8 @@ export class KeelQueues {
   private readonly queues = new Map<QueueName, Queue>();
   private readonly workers: Worker[] = [];
   private readonly logger: KeelLogger;
+  /** On the Postgres backend, the one pool every queue and worker shares (made on first use). */
+  private queuePool: QueuePool | undefined;
 
   /**
    * How long a worker's job lock lasts (renewed while the job runs) and how often stalled jobs are
@@ -63,7 +66,8 @@ export class KeelQueues {
         },
       };
     }
-    return { prefix, connection: { connectionString: this.backend.connectionString, migrate: true, max: 5 } };
+    this.queuePool ??= new QueuePool(this.backend.connectionString);
+    return { prefix, connection: this.queuePool };
   }
 
   queue(name: QueueName): Queue {
@@ -147,5 +151,8 @@ export class KeelQueues {
     await this.closeWorkers();
     await Promise.all([...this.queues.values()].map((queue) => queue.close()));
     this.queues.clear();
+    const pool = this.queuePool;
+    this.queuePool = undefined;
+    await pool?.end();
   }
 }
