@@ -5,7 +5,7 @@ import { KeelQueues } from '../queue/keel-queues.js';
 import { loadMasterKeys } from '../sealing/master-key-store.js';
 import { MasterKeyRing } from '../sealing/master-key.js';
 import { createSealer, type Sealer } from '../sealing/sealer.js';
-import { queueBackendFor } from '../runtime/start-keel.js';
+import { queueBackendFor } from '../queue/queue-backend-for.js';
 import { CliExit, EXIT, withDatabase } from './cli-support.js';
 
 export type CommandContext = { pool: DatabasePool; logger: KeelLogger; sealer: Sealer; queues: KeelQueues; config: KeelConfig };

@@ -11,7 +11,7 @@ import { KeelQueues } from '../queue/keel-queues.js';
 import { loadMasterKeys, anySealedValueExists } from '../sealing/master-key-store.js';
 import { MasterKeyRing } from '../sealing/master-key.js';
 import { openDatabase } from '../runtime/open-database.js';
-import { queueBackendFor } from '../runtime/start-keel.js';
+import { queueBackendFor } from '../queue/queue-backend-for.js';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { commandLogger, EXIT, type GlobalOptions } from './cli-support.js';

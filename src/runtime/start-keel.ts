@@ -7,7 +7,8 @@ import { migrate } from '../db/migrate.js';
 import { probeDatabase } from '../db/pool.js';
 import { buildHttpServer } from '../http/http-server.js';
 import type { KeelLogger } from '../log/logger.js';
-import { KeelQueues, type QueueBackend } from '../queue/keel-queues.js';
+import { KeelQueues } from '../queue/keel-queues.js';
+import { queueBackendFor } from '../queue/queue-backend-for.js';
 import { prepareSealing } from '../sealing/master-key-store.js';
 import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
@@ -79,12 +80,6 @@ export type StartOptions = {
 };
 
 export type StartResult = { ok: true; keel: KeelInstance } | { ok: false; stage: string; message: string };
-
-export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix: string = config.queue.prefix): QueueBackend {
-  return config.queue.redisUrl
-    ? { kind: 'redis', url: config.queue.redisUrl, prefix }
-    : { kind: 'postgres', connectionString: databaseUrl, prefix };
-}
 
 /**
  * Boots one Keel process holding every role: database (embedded or external), migrations, sealing,
