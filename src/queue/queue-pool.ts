@@ -1,40 +1,30 @@
 import pg from 'pg';
-import { DEFAULT_SCHEMA, quoteSchemaName, runMigrations, type PgPool, type PgPoolClient, type PgQueryResult } from 'bullmq';
-import { QUEUE_NAMES } from './queue-names.js';
+import { DEFAULT_SCHEMA, quoteSchemaName, type PgPool, type PgPoolClient, type PgQueryResult } from 'bullmq';
+import type { BullmqSchema } from './bullmq-schema.js';
 
 /**
- * Connections for queries, on top of the one each worker keeps checked out for LISTEN. BullMQ's
- * queries are short (take a job, extend locks, finish it, add one), but every queue and worker of
- * the process now waits for the same slots: with five, a worker process of the fault suite (run
- * leases of 2 s, a sweep every 0.5 s) queued up to six queries and fell behind when the machine
- * was loaded; with ten it kept pace, as fast as when each queue and worker had its own pool.
- */
-const QUERY_CONNECTIONS = 10;
-
-/** The most connections a process's queues and workers hold on the Postgres backend. */
-export const QUEUE_POOL_SIZE = QUEUE_NAMES.length + QUERY_CONNECTIONS;
-
-/**
- * The one `pg.Pool` that every BullMQ queue and worker of a process shares on the Postgres
- * backend, with BullMQ's schema migrated once before its first use.
+ * A `pg.Pool` that Keel hands to BullMQ's Postgres backend as a connection, with BullMQ's schema
+ * migrated before its first use (`BullmqSchema`).
  *
  * Given a connection string, BullMQ builds a pool of up to five connections for each queue and
- * each worker, plus a LISTEN connection per worker: one Keel process held 22 connections at rest
- * and 25 under load (up to 55), so four processes filled Postgres's default 100. Given a pool,
- * it checks each worker's LISTEN client out of it and runs every query through it, but no longer
- * migrates; this class does that on the first `connect` or `query`, so a CLI command or
- * `keel doctor` on a fresh database behaves as `keel start` does.
+ * each worker, plus a standalone LISTEN connection per worker: one Keel process held 22
+ * connections at rest and 25 under load (up to 55), so four processes filled Postgres's default
+ * 100. Keel gives all its queues (the producers) one pool and each worker one of its own
+ * (`KeelQueues`); BullMQ checks a worker's LISTEN client out of the worker's pool and runs every
+ * query through the pool it was given, but does not migrate it.
  */
 export class QueuePool implements PgPool {
   private readonly pool: pg.Pool;
-  private migrated: Promise<void> | undefined;
 
-  constructor(connectionString: string) {
+  constructor(
+    connectionString: string,
+    size: number,
+    private readonly schema: BullmqSchema,
+  ) {
     this.pool = new pg.Pool({
       connectionString,
       application_name: 'keel-queues',
-      // Each worker keeps one client for LISTEN; the rest serve every queue's and worker's queries.
-      max: QUEUE_POOL_SIZE,
+      max: size,
       // BullMQ's SQL names its tables without a schema, as on the pools it builds itself.
       options: `-c search_path=${quoteSchemaName(DEFAULT_SCHEMA)}`,
       // A dropped LISTEN connection then surfaces as an error within seconds, and BullMQ rebuilds it.
@@ -53,12 +43,12 @@ export class QueuePool implements PgPool {
   }
 
   async connect(): Promise<PgPoolClient> {
-    await this.migrate();
+    await this.schema.ensure(() => this.pool.connect());
     return this.pool.connect();
   }
 
   async query<R = unknown>(text: string, params?: readonly unknown[]): Promise<PgQueryResult<R>> {
-    await this.migrate();
+    await this.schema.ensure(() => this.pool.connect());
     return this.pool.query(text, params as unknown[] | undefined) as unknown as Promise<PgQueryResult<R>>;
   }
 
@@ -77,30 +67,5 @@ export class QueuePool implements PgPool {
   /** Ends every connection; called once, after every queue and worker using the pool is closed. */
   async end(): Promise<void> {
     await this.pool.end();
-  }
-
-  /** Migrates once per process; a failed attempt (Postgres down) is tried again on the next use. */
-  private migrate(): Promise<void> {
-    if (!this.migrated) {
-      const attempt = this.runMigrations();
-      this.migrated = attempt;
-      attempt.catch(() => {
-        if (this.migrated === attempt) this.migrated = undefined;
-      });
-    }
-    return this.migrated;
-  }
-
-  private async runMigrations(): Promise<void> {
-    const client = await this.pool.connect();
-    let broken = false;
-    try {
-      await runMigrations(client, DEFAULT_SCHEMA);
-    } catch (error) {
-      broken = true;
-      throw error;
-    } finally {
-      client.release(broken);
-    }
   }
 }

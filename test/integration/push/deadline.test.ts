@@ -1,6 +1,6 @@
 import { sql } from 'slonik';
 import { z } from 'zod';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { beginAttempt } from '../../../src/push/delivery-repository.js';
 import { deliveriesOfConfig, findPushConfigs, resumePushConfig } from '../../../src/push/push-admin.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
@@ -25,9 +25,11 @@ import {
 const DEADLINE_SECONDS = 3;
 const keels: TestKeel[] = [];
 const receivers: Receiver[] = [];
-afterAll(async () => {
-  for (const receiver of receivers) await receiver.close();
-  for (const keel of keels) await keel.dispose();
+// Each test's Keel is disposed when the test ends: three alive at once, beside another file's,
+// held more connections than the machine's Postgres allows.
+afterEach(async () => {
+  for (const receiver of receivers.splice(0)) await receiver.close();
+  for (const keel of keels.splice(0)) await keel.dispose();
 });
 
 async function startKeelWithDeadline(overrides: Record<string, unknown> = {}): Promise<TestKeel> {

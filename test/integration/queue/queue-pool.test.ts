@@ -1,15 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { KeelQueues } from '../../../src/queue/keel-queues.js';
+import { KeelQueues, MAX_QUEUE_CONNECTIONS } from '../../../src/queue/keel-queues.js';
 import { QUEUE_NAMES } from '../../../src/queue/queue-names.js';
-import { QUEUE_POOL_SIZE } from '../../../src/queue/queue-pool.js';
 import { silentLogger } from '../../../src/log/logger.js';
 import { createEmptyDatabase } from '../../support/test-database.js';
 import { testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 
-// The Postgres queue backend, whichever backend the rest of the suite runs on: every BullMQ queue
-// and worker of a process shares one pool, so a process holds a bounded number of connections.
+// The Postgres queue backend, whichever backend the rest of the suite runs on: a process's queues
+// share one pool and each worker has one (its LISTEN connection included), so a process holds a
+// bounded number of connections.
 
 let database: { name: string; url: string; drop: () => Promise<void> };
 let observer: pg.Client;
@@ -43,7 +43,7 @@ async function bullmqTables(): Promise<number> {
   return rows[0]!.n;
 }
 
-describe('the Postgres queue backend shares one pool per process', () => {
+describe('the Postgres queue backend: one pool for the queues, one per worker', () => {
   it("migrates BullMQ's schema on a fresh database at the first use, as a CLI command's probe would", async () => {
     expect(await bullmqTables()).toBe(0);
     const queues = new KeelQueues({ kind: 'postgres', connectionString: database.url, prefix: testQueuePrefix() }, silentLogger());
@@ -57,7 +57,7 @@ describe('the Postgres queue backend shares one pool per process', () => {
     await allQueueConnectionsGone();
   });
 
-  it('five queues and five workers under load hold at most the pool (one LISTEN connection per worker, ten for queries), and none after close', async () => {
+  it('five queues and five workers under load hold at most 35 connections (five for the queues, six per worker with its LISTEN one), and none after close', async () => {
     const queues = new KeelQueues({ kind: 'postgres', connectionString: database.url, prefix: testQueuePrefix() }, silentLogger());
     const processed = new Map<string, number>();
     const perQueue = 40;
@@ -90,9 +90,9 @@ describe('the Postgres queue backend shares one pool per process', () => {
     }
     expect(Object.fromEntries(processed)).toEqual(Object.fromEntries(QUEUE_NAMES.map((name) => [name, perQueue])));
     // Before, each queue and worker owned a pool of up to five and each worker a LISTEN connection.
-    expect(QUEUE_POOL_SIZE).toBe(15);
+    expect(MAX_QUEUE_CONNECTIONS).toBe(35);
     expect(peak).toBeGreaterThan(QUEUE_NAMES.length);
-    expect(peak).toBeLessThanOrEqual(QUEUE_POOL_SIZE);
+    expect(peak).toBeLessThanOrEqual(MAX_QUEUE_CONNECTIONS);
     await allQueueConnectionsGone();
   });
 });
