@@ -14,8 +14,6 @@ export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
 /** Job states in which the job will still run; anything else means the debt needs a new job. */
 const PENDING_STATES = new Set(['waiting', 'delayed', 'active', 'prioritized', 'waiting-children']);
 
-// Jobs are wake-ups; Postgres holds the truth. Finished jobs are removed so a deterministic id is
-// free again for the next debt of the same name (a requeued run reuses `run-<id>`).
 /**
  * Connections on the Postgres backend: one pool for every queue of the process (adding and
  * reading jobs), and one per worker: its LISTEN connection and five for its queries (take a job,
@@ -30,6 +28,8 @@ export const WORKER_CONNECTIONS = 6;
 /** The most connections one process's queues and workers hold on the Postgres backend. */
 export const MAX_QUEUE_CONNECTIONS = PRODUCER_CONNECTIONS + QUEUE_NAMES.length * WORKER_CONNECTIONS;
 
+// Jobs are wake-ups; Postgres holds the truth. Finished jobs are removed so a deterministic id is
+// free again for the next debt of the same name (a requeued run reuses `run-<id>`).
 const DEFAULT_JOB_OPTIONS: JobsOptions = {
   removeOnComplete: true,
   removeOnFail: true,
