@@ -7,14 +7,15 @@ import type { BullmqSchema } from './bullmq-schema.js';
  * migrated before its first use (`BullmqSchema`).
  *
  * Given a connection string, BullMQ builds a pool of up to five connections for each queue and
- * each worker, plus a standalone LISTEN connection per worker: one Keel process held 22
- * connections at rest and 25 under load (up to 55), so four processes filled Postgres's default
- * 100. Keel gives all its queues (the producers) one pool and each worker one of its own
+ * each worker, plus a standalone LISTEN connection per worker: one Keel process held 20 queue
+ * connections at rest and up to 55. Keel gives all its queues (the producers) one pool and each worker one of its own
  * (`KeelQueues`); BullMQ checks a worker's LISTEN client out of the worker's pool and runs every
  * query through the pool it was given, but does not migrate it.
  */
 export class QueuePool implements PgPool {
   private readonly pool: pg.Pool;
+  /** Set once the schema is migrated, so BullMQ's queries after that do not wait on it. */
+  private schemaReady = false;
 
   constructor(
     connectionString: string,
@@ -34,7 +35,7 @@ export class QueuePool implements PgPool {
     // an idle connection's error (Postgres restarted) as its own. Until the first one is made, an
     // unheard 'error' would end the process; the pool drops that connection by itself.
     this.pool.setMaxListeners(0);
-    this.pool.on('error', () => undefined);
+    this.pool.on('error', ignoreIdleError);
   }
 
   /** BullMQ reads `keepAlive` here to know whether a silent drop of its LISTEN client is noticed. */
@@ -43,12 +44,12 @@ export class QueuePool implements PgPool {
   }
 
   async connect(): Promise<PgPoolClient> {
-    await this.schema.ensure(() => this.pool.connect());
+    if (!this.schemaReady) await this.ensureSchema();
     return this.pool.connect();
   }
 
   async query<R = unknown>(text: string, params?: readonly unknown[]): Promise<PgQueryResult<R>> {
-    await this.schema.ensure(() => this.pool.connect());
+    if (!this.schemaReady) await this.ensureSchema();
     return this.pool.query(text, params as unknown[] | undefined) as unknown as Promise<PgQueryResult<R>>;
   }
 
@@ -61,7 +62,13 @@ export class QueuePool implements PgPool {
 
   removeAllListeners(event?: string): this {
     this.pool.removeAllListeners(event);
+    if (event === undefined || event === 'error') this.pool.on('error', ignoreIdleError);
     return this;
+  }
+
+  private async ensureSchema(): Promise<void> {
+    await this.schema.ensure(() => this.pool.connect());
+    this.schemaReady = true;
   }
 
   /** Ends every connection; called once, after every queue and worker using the pool is closed. */
@@ -69,3 +76,6 @@ export class QueuePool implements PgPool {
     await this.pool.end();
   }
 }
+
+/** The pool drops an idle connection that errs by itself; BullMQ's own listeners report it. */
+function ignoreIdleError(): void {}
