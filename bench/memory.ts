@@ -41,7 +41,7 @@ import {
 // SendMessage), and with BENCH_MEMORY_STREAMS SSE streams open at once, then after they are closed.
 // Prints a table and a JSON line; asserts nothing.
 //
-// Which process: bin/keel.js registers tsx's loader in-process and imports the CLI, so the node
+// Which process: bin/keel.js imports the compiled CLI in-process (decision 0034), so the node
 // process spawned here serves HTTP itself; the bench checks it by finding the process (that pid or
 // a descendant) holding the listening socket of Keel's port, and reads VmRSS / VmHWM from
 // /proc/<pid>/status. Postgres and Redis are the machine's (external) and not counted.
@@ -112,7 +112,7 @@ type Reading = {
   heapUsedBytes: number | null;
   fds: number;
   sockets: number;
-  /** Processes Keel spawned (tsx's esbuild service), not in rssKiB. */
+  /** Processes Keel spawned (esbuild's service while it builds; tsx's only for a TypeScript tool module), not in rssKiB. */
   children: { pid: number; command: string; rssKiB: number }[];
   at: string;
 };

@@ -1,7 +1,7 @@
 import { isAbsolute, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import type { GuardrailConfig } from '../config/config-schema.js';
 import type { Guardrail, GuardrailCheck, GuardrailDecision } from './guardrail.js';
+import { importModuleFile } from '../config/import-module-file.js';
 
 export type LoadGuardrailsResult = { ok: true; guardrails: Guardrail[] } | { ok: false; problems: string[] };
 
@@ -37,7 +37,7 @@ export async function loadGuardrails(configs: readonly GuardrailConfig[], where:
     }
     const path = isAbsolute(config.module) ? config.module : resolve(baseDir, config.module);
     try {
-      const module = (await import(pathToFileURL(path).href)) as Record<string, unknown>;
+      const module = await importModuleFile(path);
       const hook = module[config.export];
       if (typeof hook !== 'function') {
         problems.push(`${at}: module ${config.module} has no function export "${config.export}"`);

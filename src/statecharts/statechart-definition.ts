@@ -1,12 +1,12 @@
 import { createHash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import type { AnyStateMachine, AnyStateNode } from 'xstate';
 import { canonicalJson } from '../../machines/turn-digest.js';
 import { stateNodesOf } from '../../machines/step-machine.js';
 import { definitionJson } from './definition-graph.js';
 import { stepMarkerOf, type StepMarker } from './steps.js';
 import { isMachine } from '../../machines/transitions.js';
+import { importModuleFile } from '../config/import-module-file.js';
 
 // A statechart agent's machine as Keel loads it at start (docs/statechart-agents.md): the module
 // named by the agent's `machine`, its XState machine, what it invokes, and the hash of its
@@ -88,7 +88,7 @@ export async function loadStatechart(path: string, baseDir: string, where: strin
   const absolute = isAbsolute(path) ? path : resolve(baseDir, path);
   let module: Record<string, unknown>;
   try {
-    module = (await import(pathToFileURL(absolute).href)) as Record<string, unknown>;
+    module = await importModuleFile(absolute);
   } catch (error) {
     return { ok: false, problems: [`${where}: machine ${path} cannot be loaded (${(error as Error).message.split('\n')[0]})`] };
   }

@@ -1,7 +1,7 @@
 import { isAbsolute, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { TOOL_EFFECTS, type ToolDefinition } from './tool.js';
+import { importModuleFile } from '../config/import-module-file.js';
 
 const toolShape = z
   .object({
@@ -27,7 +27,7 @@ export async function loadToolModules(paths: readonly string[], baseDir: string)
     const absolute = isAbsolute(path) ? path : resolve(baseDir, path);
     let module: Record<string, unknown>;
     try {
-      module = (await import(pathToFileURL(absolute).href)) as Record<string, unknown>;
+      module = await importModuleFile(absolute);
     } catch (error) {
       problems.push(`toolModules: ${path}: cannot be loaded (${(error as Error).message.split('\n')[0]})`);
       continue;

@@ -33,6 +33,15 @@ export function machineFiles(dir = MACHINES_DIR): string[] {
   return [...byName.values()];
 }
 
+/**
+ * The file an operator reads and edits. Keel's own machines are TypeScript; run compiled
+ * (bin/keel.js), MACHINES_DIR is the build's, whose `run.machine.js` is `machines/run.machine.ts`.
+ */
+function sourceName(file: string, dir: string): string {
+  const name = basename(file);
+  return dir === MACHINES_DIR ? name.replace(/\.js$/, '.ts') : name;
+}
+
 let cached: Promise<CatalogEntry[]> | null = null;
 
 /** Every lifecycle statechart in machines/, in reading order. Loaded once per process. */
@@ -53,7 +62,7 @@ async function readCatalog(dir: string): Promise<CatalogEntry[]> {
     for (const value of Object.values(module)) {
       if (!isMachine(value) || NOT_LIFECYCLES.has(value.id) || seen.has(value.id)) continue;
       seen.add(value.id);
-      entries.push({ id: value.id, file: basename(file), machine: value, model: describeMachine(value) });
+      entries.push({ id: value.id, file: sourceName(file, dir), machine: value, model: describeMachine(value) });
     }
   }
   const rank = (id: string) => {

@@ -334,8 +334,10 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         seen = { accepted: load.accepted(), held, fast, streamIds: shown };
         // Besides the streams' runs (fast), load runs in flight; how many of those took the fast
         // path depends on the moment (the fast path holds at most half the slots while runs wait in
-        // the queue), so the figures are recorded, not required.
-        return load.accepted() >= 100 && held >= STREAMS + 3 && fast >= STREAMS && shown.every((id) => id === 1) && creating.every((stream) => !stream.done());
+        // the queue), so the figures are recorded, not required. 40 of the 240 accepted, not 100 as
+        // in the other scenarios: on a loaded machine the load took longer than the streams' 20 s
+        // first step to reach 100, and the streams had moved past WORKING.
+        return load.accepted() >= 40 && held >= STREAMS + 3 && fast >= STREAMS && shown.every((id) => id === 1) && creating.every((stream) => !stream.done());
       }, 60_000);
       expect(inFlight, `runs in flight, some fast, every stream showing WORKING; last seen ${JSON.stringify(seen)}`).toBe(true);
       faults.runsHeldAtCrash = await runsClaimedBy(pool, node);

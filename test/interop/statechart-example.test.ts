@@ -38,7 +38,11 @@ beforeAll(async () => {
   token = client.token;
   env = cleanEnv(cliEnvFor(keel));
 });
-afterAll(async () => keel?.dispose());
+afterAll(async () => {
+  await keel?.dispose();
+  // Test files share a process (vitest.config.ts: isolate false): the next file starts clean.
+  delete process.env.REFUND_LEDGER;
+});
 
 type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
 const asJson = (value: unknown) => Task.toJSON(value as Task) as Json;

@@ -54,6 +54,8 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await keel?.dispose();
+  // Test files share a process (vitest.config.ts: isolate false): the next file starts clean.
+  delete process.env.KEEL_TEST_STEP_LOG;
 });
 
 type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any

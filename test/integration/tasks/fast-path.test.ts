@@ -24,10 +24,14 @@ const CLAIM = /UPDATE runs SET status = \$\d+, claimed_by = \$\d+,/;
 const providers = {
   echo: { type: 'echo' },
   slow: { type: 'scripted', steps: [{ reply: 'slow done', delayMs: 1500 }] },
+  // Holds its run slot long enough that a second request, however slow a loaded machine makes
+  // its way in, still finds the slot taken (1.5 s was not always enough in CI).
+  lingering: { type: 'scripted', steps: [{ reply: 'lingering done', delayMs: 5000 }] },
 };
 const agents = [
   { id: 'echo', name: 'Echo', provider: 'echo' },
   { id: 'slow', name: 'Slow', provider: 'slow' },
+  { id: 'lingering', name: 'Lingering', provider: 'lingering' },
 ];
 const overrides = { ...PUSH_TEST_OVERRIDES, KEEL_PROVIDERS: providers, KEEL_AGENTS: agents };
 
@@ -191,8 +195,8 @@ describe('no free run slot', () => {
   afterAll(async () => keel?.dispose());
 
   it('the task takes the queue and still completes', async () => {
-    const first = await send(keel, token, 'slow', 'one', { returnImmediately: true });
-    const second = await send(keel, token, 'slow', 'two', { returnImmediately: true });
+    const first = await send(keel, token, 'lingering', 'one', { returnImmediately: true });
+    const second = await send(keel, token, 'lingering', 'two', { returnImmediately: true });
     expect(second.task.status.state, 'created QUEUED: the only fast slot is taken').toBe('TASK_STATE_SUBMITTED');
     await waitFor(async () => (await runOf(keel, second.task.id)).status === 'completed' && (await runOf(keel, first.task.id)).status === 'completed', 'both runs completed', 30_000);
     const [fastRun, queuedRun] = await Promise.all([runOf(keel, first.task.id), runOf(keel, second.task.id)]);
