@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import { SuiteSequencer } from './test/support/suite-sequencer.js';
 
 export default defineConfig({
   test: {
@@ -16,6 +17,8 @@ export default defineConfig({
     // shared. A file therefore leaves the process as it found it: it disposes what it starts and
     // deletes the environment variables it sets.
     isolate: false,
+    // Fault files never handed out two at once, the rest filling the time between them.
+    sequence: { sequencer: SuiteSequencer },
     reporters: ['default'],
   },
 });

@@ -50,11 +50,14 @@ function sourceFiles(repoRoot) {
   return files.sort();
 }
 
-/** A hash of every source file's path and content, esbuild's version and this file's format. */
+/**
+ * A hash of the checkout's place (a build's links point into it), every source file's path and
+ * content, esbuild's version and this file's format.
+ */
 function buildKey(repoRoot, files) {
   const hash = createHash('sha256');
   const esbuildPackage = createRequire(import.meta.url).resolve('esbuild/package.json');
-  hash.update(`format ${BUILD_FORMAT}\0esbuild ${JSON.parse(readFileSync(esbuildPackage, 'utf8')).version}\0`);
+  hash.update(`${repoRoot}\0format ${BUILD_FORMAT}\0esbuild ${JSON.parse(readFileSync(esbuildPackage, 'utf8')).version}\0`);
   for (const file of files) {
     hash.update(relative(repoRoot, file));
     hash.update('\0');
@@ -102,6 +105,11 @@ async function build(repoRoot, files, cacheRoot, buildDir) {
     // as CommonJS: Node stops looking for the package scope at a node_modules folder.
     writeFileSync(join(staging, 'package.json'), `${JSON.stringify({ type: 'module', private: true, esbuild: version })}\n`);
     for (const dir of LINKED_DIRS) symlinkSync(join(repoRoot, dir), join(staging, dir), 'dir');
+    // A build in the temp directory finds Keel's dependencies through a link; one under
+    // node_modules/.cache finds them by walking up, as Node resolves packages.
+    if (relative(join(repoRoot, 'node_modules'), cacheRoot).startsWith('..')) {
+      symlinkSync(join(repoRoot, 'node_modules'), join(staging, 'node_modules'), 'dir');
+    }
     try {
       renameSync(staging, buildDir);
     } catch (error) {
