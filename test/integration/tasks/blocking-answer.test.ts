@@ -28,6 +28,20 @@ beforeAll(() => {
 });
 afterAll(() => log?.stop());
 
+/** Resolves once no statement has been logged for quietMs (at most 15 s). */
+async function untilQuiet(statements: StatementLog, quietMs: number): Promise<void> {
+  const deadline = Date.now() + 15_000;
+  let count = statements.entries.length;
+  let since = Date.now();
+  while (Date.now() < deadline && Date.now() - since < quietMs) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    if (statements.entries.length !== count) {
+      count = statements.entries.length;
+      since = Date.now();
+    }
+  }
+}
+
 let counter = 0;
 const send = (keel: TestKeel, token: string, binding: Binding, text: string) => {
   counter += 1;
@@ -39,7 +53,9 @@ describe('in one process', () => {
   let keel: TestKeel;
   let token = '';
   beforeAll(async () => {
-    keel = await startTestKeel({ overrides: { KEEL_PRIVACY_LEVEL: 'full' } });
+    // The statement log sees every statement of the process: no maintenance sweep during the test
+    // (the start-up sweep and retention purge are waited out below).
+    keel = await startTestKeel({ overrides: { KEEL_PRIVACY_LEVEL: 'full', KEEL_MAINTENANCE_SWEEP_SECONDS: '3600' } });
     token = await newClientToken(keel.context.pool);
   });
   afterAll(async () => keel?.dispose());
@@ -48,6 +64,9 @@ describe('in one process', () => {
     it(`the answer is the committed task, with no read of the task or the journal (${binding})`, async () => {
       // Warm: the first task of a process pays its one-time reads (types, the agent's first claim).
       expectA2AResult(binding, await send(keel, token, binding, 'warm up'));
+      // The maintenance jobs Keel runs as it starts (a sweep, the retention purge) once landed in
+      // the measured window: wait until the process has sent nothing for half a second.
+      await untilQuiet(log, 500);
       for (const text of ['answer from the commit', 'réponse 😀']) {
         const from = log.entries.length;
         const answer = expectA2AResult(binding, await send(keel, token, binding, text));
