@@ -45,20 +45,30 @@ function cannotBeRefused(row: SerializedRow): boolean {
   return PRINTABLE_ASCII.test(row[1]) && PRINTABLE_ASCII.test(row[2]) && !REFUSED_ESCAPE.test(row[2]);
 }
 
+/** An audit row of a run, as insertAuditRowsStatement writes it. */
+export type AuditRow = readonly [runId: string, ...SerializedRow];
+
+const AUDIT_COLUMN_TYPES = ['uuid', 'int4', 'text', 'jsonb', 'float8'];
+
+/** How many cells an AuditRow has. */
+export const AUDIT_COLUMNS = AUDIT_COLUMN_TYPES.length;
+
+/** A run's serialized rows as audit rows. */
+export function auditRowsOf(runId: string, rows: readonly SerializedRow[]): AuditRow[] {
+  return rows.map((row) => [runId, ...row] as const);
+}
+
 /**
  * The INSERT of audit rows (of one run or of several, written together), for a statement of its
  * own or a CTE of a larger one. Rows stored already are skipped by their keys (a trail given back
  * after a rollback). With `onlyRunsOf`, only the rows of the runs that CTE of the same statement
  * names (`run_id`).
  */
-export function insertAuditRowsStatement(rows: ReadonlyArray<{ runId: string; row: SerializedRow }>, onlyRunsOf: IdentifierSqlToken | null = null): FragmentSqlToken {
+export function insertAuditRowsStatement(rows: readonly AuditRow[], onlyRunsOf: IdentifierSqlToken | null = null): FragmentSqlToken {
   return sql.fragment`
     INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
     SELECT a.run_id, a.sequence, a.kind, a.payload, to_timestamp(a.at / 1000.0)
-    FROM ${sql.unnest(
-      rows.map(({ runId, row }) => [runId, ...row]),
-      ['uuid', 'int4', 'text', 'jsonb', 'float8'],
-    )} AS a(run_id, sequence, kind, payload, at)
+    FROM ${sql.unnest(rows as unknown as unknown[][], AUDIT_COLUMN_TYPES)} AS a(run_id, sequence, kind, payload, at)
     ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`WHERE a.run_id IN (SELECT run_id FROM ${onlyRunsOf})`}
     ON CONFLICT (run_id, sequence) DO NOTHING`;
 }
@@ -162,7 +172,7 @@ export class AuditTrail {
   }
 
   private insertFragment(rows: SerializedRow[]): FragmentSqlToken {
-    return insertAuditRowsStatement(rows.map((row) => ({ runId: this.runId, row })));
+    return insertAuditRowsStatement(auditRowsOf(this.runId, rows));
   }
 
   /**

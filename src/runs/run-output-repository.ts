@@ -82,13 +82,13 @@ export async function appendRunOutputs(
     const sealed = sealer.sealJson(runOutputContext(runId, ordinal), applyLevel(level, output.content));
     return [runId, ordinal, output.kind, output.artifactId, output.append, output.lastChunk, level, sealed, runRevision] as const;
   });
-  // One multi-row insert; bytea travels as base64 text through unnest.
+  // One multi-row insert; the sealed bytes travel as a bytea array through unnest.
   await db.query(sql.unsafe`
     INSERT INTO run_outputs (run_id, ordinal, kind, artifact_id, append, last_chunk, level, content, run_revision)
-    SELECT run_id, ordinal, kind, artifact_id, append, last_chunk, level, decode(content, 'base64'), run_revision
+    SELECT run_id, ordinal, kind, artifact_id, append, last_chunk, level, content, run_revision
     FROM ${sql.unnest(
-      rows.map((row) => [row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7].toString('base64'), row[8]]),
-      ['uuid', 'int4', 'text', 'text', 'bool', 'bool', 'text', 'text', 'int8'],
+      rows.map((row) => [...row]),
+      ['uuid', 'int4', 'text', 'text', 'bool', 'bool', 'text', 'bytea', 'int8'],
     )} AS t(run_id, ordinal, kind, artifact_id, append, last_chunk, level, content, run_revision)`);
   return rows.map((row) => row[1]);
 }

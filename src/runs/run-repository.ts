@@ -67,7 +67,7 @@ export type FastStart = { claim: Claim; at: number };
  * reaper requeues it like any claimed run.
  */
 export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }, fast: FastStart | null = null) {
-  const request = sealer.sealJson(queuedRequestContext(input.id), input.request).toString('base64');
+  const request = sealer.sealJson(queuedRequestContext(input.id), input.request);
   return [
     input.id,
     input.agent,
@@ -84,6 +84,12 @@ export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }
   ];
 }
 
+/** The columns of a run's row from `runValues`, as the INSERT's unnest types them. */
+const RUN_COLUMN_TYPES = ['uuid', 'text', 'text', 'text', 'text', 'text', 'uuid', 'bytea', 'text', 'float8', 'float8', 'int8'];
+
+/** How many cells a row from `runValues` has. */
+export const RUN_COLUMNS = RUN_COLUMN_TYPES.length;
+
 /**
  * The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one:
  * the rows as arrays, so the text is the same for one run or sixty-four. A queued run is created
@@ -92,10 +98,10 @@ export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }
 export function insertRunsStatement(rows: ReadonlyArray<ReturnType<typeof runValues>>) {
   return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
       claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)
-    SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, decode(v.request, 'base64'),
+    SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, v.request,
       v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
       coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision
-    FROM ${sql.unnest(rows as unknown[][], ['uuid', 'text', 'text', 'text', 'text', 'text', 'uuid', 'text', 'text', 'float8', 'float8', 'int8'])}
+    FROM ${sql.unnest(rows as unknown[][], RUN_COLUMN_TYPES)}
       AS v(id, agent, status, audit_level, answer_level, provider, task_id, request, claimed_by, lease_ms, at, revision)`;
 }
 
@@ -371,15 +377,9 @@ export type CompletedSettle = {
   at?: number;
 };
 
-/**
- * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
- * commit): what settleRun writes for each, guarded the same way (only from the statuses COMPLETE
- * leaves, only by the worker holding the run). The target is `r`: the caller returns what it reads of it. With
- * `onlyRunsOf`, only the runs that CTE of the same statement names (`run_id`): the ones it locked
- * and found as the caller expected (complete-held-runs.ts).
- */
-export function completeRunsStatement(settles: readonly CompletedSettle[], onlyRunsOf: IdentifierSqlToken | null = null) {
-  const rows = settles.map(({ runId, workerId, reason, totals, at }) => [
+/** A completion's row for completeRunsStatement. */
+export function settleRow({ runId, workerId, reason, totals, at }: CompletedSettle) {
+  return [
     runId,
     workerId,
     reason,
@@ -389,12 +389,27 @@ export function completeRunsStatement(settles: readonly CompletedSettle[], onlyR
     totals.inputTokens,
     totals.outputTokens,
     at ?? null,
-  ]);
+  ] as const;
+}
+
+const SETTLE_COLUMN_TYPES = ['uuid', 'text', 'text', 'bool', 'int4', 'int4', 'int8', 'int8', 'float8'];
+
+/** How many cells a settleRow has. */
+export const SETTLE_COLUMNS = SETTLE_COLUMN_TYPES.length;
+
+/**
+ * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
+ * commit): what settleRun writes for each, guarded the same way (only from the statuses COMPLETE
+ * leaves, only by the worker holding the run). The target is `r`: the caller returns what it reads of it. With
+ * `onlyRunsOf`, only the runs that CTE of the same statement names (`run_id`): the ones it locked
+ * and found as the caller expected (complete-held-runs.ts).
+ */
+export function completeRunsStatement(rows: ReadonlyArray<ReturnType<typeof settleRow>>, onlyRunsOf: IdentifierSqlToken | null = null) {
   return sql.fragment`
     UPDATE runs r SET status = ${to('COMPLETE')}, termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
       ${SETTLED}, status_changed_at = coalesce(to_timestamp(v.at / 1000.0), r.status_changed_at),
       iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
-    FROM ${sql.unnest(rows, ['uuid', 'text', 'text', 'bool', 'int4', 'int4', 'int8', 'int8', 'float8'])}
+    FROM ${sql.unnest(rows as unknown as unknown[][], SETTLE_COLUMN_TYPES)}
       AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens, at)
     WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker
       ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`AND r.id IN (SELECT run_id FROM ${onlyRunsOf})`}`;

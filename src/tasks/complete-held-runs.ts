@@ -2,13 +2,14 @@ import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
-import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
-import { completeRunsStatement } from '../runs/run-repository.js';
+import { SameTextStatement } from '../db/same-text-statement.js';
+import { AUDIT_COLUMNS, auditRowsOf, insertAuditRowsStatement, type AuditRow, type SerializedRow } from '../runs/audit-trail.js';
+import { completeRunsStatement, SETTLE_COLUMNS, settleRow } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows, type SettledRun } from './complete-run.js';
-import { insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from './journal-writer.js';
-import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
+import { insertJournalRowsStatement, JOURNAL_COLUMNS, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from './journal-writer.js';
+import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
 
 // The completion of runs whose rows this process knows without reading them (decision 0029): a
 // fast run's run and task as its insert left them. One statement, committed on its own, locks the
@@ -121,49 +122,50 @@ export async function completeHeldRuns(
   return results;
 }
 
+/** What each held run is expected to be: run, task, owner, revision, level, journal watermark, sealed history. */
+type ExpectedRow = readonly [
+  runId: string,
+  taskId: string,
+  worker: string,
+  revision: number,
+  level: string,
+  lastSequence: number,
+  projectedRevision: number,
+  projectedState: string,
+  history: Buffer | null,
+];
+
+type HeldCompletionRows = [
+  expected: readonly ExpectedRow[],
+  audit: readonly AuditRow[],
+  results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
+  settles: ReadonlyArray<ReturnType<typeof settleRow>>,
+  journal: readonly JournalRow[],
+  notices: ReadonlyArray<readonly [notice: string]>,
+];
+
 /**
  * The statement: `held` locks the runs and tasks that are exactly as expected (run id order, each
  * run before its task, as every batch locks), and every write is limited to them, so a run that
  * fails the check is left untouched. The statement is prepared (decision 0030): its plan is made
- * again as the connection's runs of it grow tenfold, so a plan made on empty tables does not stay. A task with an active or paused push config fails it too: its deliveries, bounded
- * per config, are written by the transaction. The counts are checked inside the statement, so a
- * write that fell short fails the whole statement instead of committing part of a completion.
+ * again as the connection's runs of it grow tenfold, so a plan made on empty tables does not stay;
+ * its text is built once (same-text-statement.ts). A task with an active or paused push config
+ * fails it too: its deliveries, bounded per config, are written by the transaction. The counts
+ * are checked inside the statement, so a write that fell short fails the whole statement instead
+ * of committing part of a completion.
  */
-async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, SettledRun>> {
+export const heldCompletionStatement = new SameTextStatement(([expected, audit, results, settles, journal, notices]: HeldCompletionRows) => {
   const held = sql.identifier(['held']);
-  const expected = items.map(({ input }) => [
-    input.runId,
-    input.taskId!,
-    input.workerId,
-    input.held.runRevision,
-    input.held.answerLevel,
-    input.held.lastSequence,
-    input.held.projectedRevision,
-    input.held.projectedState,
-    input.held.task.history === null ? null : input.held.task.history.toString('base64'),
-  ]);
-  const results = items.map(({ input, stored, directMessage, revision, journal }) => ({
-    taskId: input.taskId!,
-    stored,
-    directMessage,
-    answerLevel: input.held.answerLevel,
-    revision,
-    lastSequence: journal.lastSequence,
-  }));
-  const audit = items.flatMap(({ input, audit: rows }) => rows.map((row) => ({ runId: input.runId, row })));
-  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
-  const notices = items.flatMap(({ journal: written }) => (written.notice === null ? [] : [written.notice]));
-  const settles = items.map(({ input, at }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at }));
-  const rows = await pool.any(sql.type(outcomeRow)`${PREPARED}
+  return sql.type(outcomeRow)`${PREPARED}
     WITH held AS MATERIALIZED (
       SELECT r.id AS run_id, t.id AS task_id
-      FROM ${sql.unnest(expected, ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'text'])}
+      FROM ${sql.unnest(expected as unknown as unknown[][], ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'bytea'])}
         AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
       JOIN runs r ON r.id = e.run_id
       JOIN a2a_tasks t ON t.id = e.task_id AND t.id = r.task_id
       WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.revision = e.revision AND r.answer_level = e.level
         AND t.answer_level = e.level AND t.last_sequence = e.last_sequence AND t.projected_revision = e.projected_revision
-        AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM decode(e.history, 'base64')
+        AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM e.history
         AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
         AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = t.id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused'))
       ORDER BY r.id
@@ -172,14 +174,42 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles, held)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
-    notified AS (${notifyAllStatement(notices, held)}),
+    notified AS (${notifyAllStatement(
+      notices.map(([notice]) => notice),
+      held,
+    )}),
     counts AS (
       SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
         (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified)
     SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.held THEN c.held
         ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
       s.*
-    FROM counts c LEFT JOIN settled s ON true`);
+    FROM counts c LEFT JOIN settled s ON true`;
+}, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 1]);
+
+async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, SettledRun>> {
+  const rows = await pool.any(
+    heldCompletionStatement.with([
+      items.map(({ input }) => [
+        input.runId,
+        input.taskId!,
+        input.workerId,
+        input.held.runRevision,
+        input.held.answerLevel,
+        input.held.lastSequence,
+        input.held.projectedRevision,
+        input.held.projectedState,
+        input.held.task.history,
+      ] as const),
+      items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
+      items.map(({ input, stored, directMessage, revision, journal }) =>
+        taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence }),
+      ),
+      items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
+      items.flatMap((item) => item.journal.rows),
+      items.flatMap(({ journal }) => (journal.notice === null ? [] : [[journal.notice] as const])),
+    ]),
+  );
   const settled = new Map<string, SettledRun>();
   for (const { id, task_id, status, termination_reason, failure_detail } of rows) {
     if (id !== null && status !== null) settled.set(id, { id, task_id, status, termination_reason, failure_detail });

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
-import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
+import { auditRowsOf, insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -268,7 +268,7 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
   const level = run.answer_level as PrivacyLevel;
   // A result written to the task row carries the audit rows in the same statement.
   const auditRows = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditRows?.() ?? null) : null;
-  const auditInsert = auditRows && auditRows.length > 0 ? insertAuditRowsStatement(auditRows.map((row) => ({ runId: input.runId, row }))) : null;
+  const auditInsert = auditRows && auditRows.length > 0 ? insertAuditRowsStatement(auditRowsOf(input.runId, auditRows)) : null;
   await input.beforeSettle?.(transaction);
 
   if (run.task_id === null || task === null) {

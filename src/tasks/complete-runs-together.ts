@@ -5,13 +5,13 @@ import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { TaskState } from '../protocol/wire.js';
-import { completeRunsStatement } from '../runs/run-repository.js';
-import { insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
+import { completeRunsStatement, settleRow } from '../runs/run-repository.js';
+import { auditRowsOf, insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
 import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, recordEventDeliveries, type JournalRow } from './journal-writer.js';
-import { prepareTaskResult, writeTaskResultsStatement } from './task-repository.js';
+import { prepareTaskResult, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
 
 // The completions of runs that end together, written by one statement in one transaction (group
 // commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the
@@ -142,7 +142,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
 
 /** One statement: the batch's audit rows, results with watermarks, settles, journal rows and NOTIFYs; the settled runs with their tasks' push configs. */
 async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
-  const audit = items.flatMap((item) => item.audit.map((row) => ({ runId: item.input.runId, row })));
+  const audit = items.flatMap((item) => auditRowsOf(item.input.runId, item.audit));
   const results = items.map(({ row, stored, directMessage, revision, journal }) => ({
     taskId: row.task_id!,
     stored,
@@ -157,8 +157,8 @@ async function writeCommonCompletions(transaction: CommonQueryMethods, items: re
   // One text for any batch (rows as arrays): prepared on each connection (decision 0030).
   const rows = await transaction.any(sql.type(settledRow)`${PREPARED}
     WITH audited AS (${insertAuditRowsStatement(audit)} RETURNING 1),
-    results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
-    settled AS (${completeRunsStatement(settles)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
+    results AS (${writeTaskResultsStatement(results.map(taskResultRow))} RETURNING t.id),
+    settled AS (${completeRunsStatement(settles.map(settleRow))} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (
       SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,

@@ -216,17 +216,20 @@ export async function writeJournalEvents(
   };
 }
 
-/** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload (base64). */
-export type JournalRow = readonly [string, number, string, number, number, string, string | null, string];
+/** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload. */
+export type JournalRow = readonly [string, number, string, number, number, string, string | null, Buffer];
+
+/** The columns of a JournalRow, as the INSERT's unnest types them. */
+const JOURNAL_COLUMN_TYPES = ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'bytea'];
+
+/** How many cells a JournalRow has. */
+export const JOURNAL_COLUMNS = JOURNAL_COLUMN_TYPES.length;
 
 /** The INSERT of journal rows (journalRows), for a CTE of the caller's statement: the one way events are stored. With `onlyTasksOf`, only the rows of the tasks that CTE names. */
 export function insertJournalRowsStatement(rows: readonly JournalRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, decode(payload, 'base64')
-      FROM ${sql.unnest(
-        rows.map((row) => [...row]),
-        ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'text'],
-      )} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, payload
+      FROM ${sql.unnest(rows as unknown as unknown[][], JOURNAL_COLUMN_TYPES)} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
       ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE j.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
@@ -247,7 +250,7 @@ export function journalRows(sealer: Sealer, head: JournalHead, run: CommittedRun
   const lastSequence = head.lastSequence + events.length;
   const rows: JournalRow[] = events.map((event, index) => {
     const sequence = head.lastSequence + index + 1;
-    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response).toString('base64')] as const;
+    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response)] as const;
   });
   const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
   const notice = rows.length > 0 ? journalNotice(head.taskId, lastSequence, ends) : null;

@@ -3,10 +3,12 @@ import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
 import { GroupCommit } from '../db/group-commit.js';
 import { PREPARED } from '../db/prepared-statements.js';
+import { SameTextStatement } from '../db/same-text-statement.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
-import { insertRunsStatement, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
+import { insertRunsStatement, RUN_COLUMNS, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
 import {
   insertJournalRowsStatement,
+  JOURNAL_COLUMNS,
   journalEventsSince,
   journalRows,
   notifyAllStatement,
@@ -14,9 +16,10 @@ import {
   type CommittedRun,
   type JournalEventDraft,
   type JournalHead,
+  type JournalRow,
   type ProjectionOptions,
 } from './journal-writer.js';
-import { insertTasksStatement, taskValues, type NewTask } from './task-repository.js';
+import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask } from './task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
 import type { HeldRows } from './complete-run.js';
 
@@ -100,11 +103,37 @@ export async function journalFastStart(
 
 const created = z.object({ tasks: z.number(), events: z.number(), notified: z.number() });
 
+type CreationRows = [
+  contexts: ReadonlyArray<readonly [owner: string, id: string]>,
+  runs: ReadonlyArray<ReturnType<typeof runValues>>,
+  tasks: ReadonlyArray<ReturnType<typeof taskValues>>,
+  events: readonly JournalRow[],
+  notices: ReadonlyArray<readonly [notice: string]>,
+];
+
 /**
- * Writes the creations in one statement (one round trip, atomic on its own). Foreign keys are
- * checked at the end of the statement, when contexts, runs, tasks and events all exist. A fast
- * run's task is written WORKING with its journal's first event and the watermark past the claim, and
- * the statement NOTIFYs that event, as the projector would have after a separate claim.
+ * The creations' statement: one text for any batch (rows as arrays, the CTEs always there),
+ * prepared on each connection and built once (same-text-statement.ts). Foreign keys are checked
+ * at the end of the statement, when contexts, runs, tasks and events all exist.
+ */
+export const creationStatement = new SameTextStatement(
+  ([contexts, runs, tasks, events, notices]: CreationRows) => sql.type(created)`${PREPARED}
+    WITH new_contexts AS (
+      INSERT INTO contexts (owner, id)
+      SELECT c.owner, c.id FROM ${sql.unnest(contexts as unknown as unknown[][], ['uuid', 'text'])} AS c(owner, id)
+      RETURNING id),
+    new_runs AS (${insertRunsStatement(runs)} RETURNING id),
+    new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
+    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
+    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
+      (${notifyAllStatement(notices.map(([notice]) => notice))}) AS notified`,
+  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS, 1],
+);
+
+/**
+ * Writes the creations in one statement (one round trip, atomic on its own). A fast run's task
+ * is written WORKING with its journal's first event and the watermark past the claim, and the
+ * statement NOTIFYs that event, as the projector would have after a separate claim.
  */
 export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
   const fast = creations.filter((creation) => creation.fast !== null);
@@ -113,21 +142,16 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
     journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]),
   );
   const events = journals.flatMap((journal) => journal.rows);
-  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
-  // One text for any batch (rows as arrays, the CTEs always there): prepared on each connection.
-  const result = await db.one(sql.type(created)`${PREPARED}
-    WITH new_contexts AS (
-      INSERT INTO contexts (owner, id)
-      SELECT c.owner, c.id FROM ${sql.unnest(
-        creations.map(({ task }) => [task.owner, task.contextId]),
-        ['uuid', 'text'],
-      )} AS c(owner, id)
-      RETURNING id),
-    new_runs AS (${insertRunsStatement(creations.map((creation) => runValues(sealer, creation.run, creation.fast)))} RETURNING id),
-    new_tasks AS (${insertTasksStatement(creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })))} RETURNING id),
-    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
-    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
-      (${notifyAllStatement(notices)}) AS notified`);
+  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [[journal.notice] as const]));
+  const result = await db.one(
+    creationStatement.with([
+      creations.map(({ task }) => [task.owner, task.contextId] as const),
+      creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
+      creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
+      events,
+      notices,
+    ]),
+  );
   if (result.tasks !== creations.length || result.events !== fast.length || result.notified !== notices.length) {
     throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks, ${result.events} of ${fast.length} events and ${result.notified} of ${notices.length} notices`);
   }

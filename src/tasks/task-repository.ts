@@ -81,7 +81,7 @@ export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | nul
     task.agent,
     start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING',
     task.answerLevel,
-    history === null ? null : history.toString('base64'),
+    history,
     JSON.stringify(task.metadata),
     start?.at ?? null,
     journaled?.revision ?? 0,
@@ -89,6 +89,12 @@ export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | nul
     journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED',
   ];
 }
+
+/** The columns of a task's row from `taskValues`, as the INSERT's unnest types them. */
+const TASK_COLUMN_TYPES = ['uuid', 'text', 'uuid', 'text', 'text', 'text', 'bytea', 'jsonb', 'float8', 'int8', 'int4', 'text'];
+
+/** How many cells a row from `taskValues` has. */
+export const TASK_COLUMNS = TASK_COLUMN_TYPES.length;
 
 /**
  * The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one:
@@ -98,9 +104,9 @@ export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | nul
 export function insertTasksStatement(rows: ReadonlyArray<ReturnType<typeof taskValues>>) {
   return sql.fragment`INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
       projected_revision, last_sequence, projected_state, created_at)
-    SELECT v.id, v.context_id, v.owner, v.agent, v.id, v.state, v.answer_level, decode(v.history, 'base64'), v.metadata,
+    SELECT v.id, v.context_id, v.owner, v.agent, v.id, v.state, v.answer_level, v.history, v.metadata,
       coalesce(to_timestamp(v.at / 1000.0), now()), v.projected_revision, v.last_sequence, v.projected_state, coalesce(to_timestamp(v.at / 1000.0), now())
-    FROM ${sql.unnest(rows as unknown[][], ['uuid', 'text', 'uuid', 'text', 'text', 'text', 'text', 'jsonb', 'float8', 'int8', 'int4', 'text'])}
+    FROM ${sql.unnest(rows as unknown[][], TASK_COLUMN_TYPES)}
       AS v(id, context_id, owner, agent, state, answer_level, history, metadata, at, projected_revision, last_sequence, projected_state)`;
 }
 
@@ -316,30 +322,38 @@ export type CompletedTaskResult = {
   lastSequence: number;
 };
 
+/** A completion's result as a row for writeTaskResultsStatement. */
+export function taskResultRow({ taskId, stored, directMessage, answerLevel, revision, lastSequence }: CompletedTaskResult) {
+  return [
+    taskId,
+    stored.sealed.artifacts,
+    stored.sealed.statusMessage,
+    stored.historyChanged,
+    stored.historyChanged ? stored.sealed.history : null,
+    directMessage,
+    answerLevel,
+    revision,
+    lastSequence,
+  ] as const;
+}
+
+const TASK_RESULT_COLUMN_TYPES = ['uuid', 'bytea', 'bytea', 'bool', 'bytea', 'bool', 'text', 'int8', 'int4'];
+
+/** How many cells a taskResultRow has. */
+export const TASK_RESULT_COLUMNS = TASK_RESULT_COLUMN_TYPES.length;
+
 /**
  * The results of completions as one UPDATE for a CTE of the caller's statement (group commit):
  * each task's sealed result, history when it changed, level and journal watermark, COMPLETED.
  * With `onlyTasksOf`, only the tasks that CTE of the same statement names (`task_id`).
  */
-export function writeTaskResultsStatement(results: readonly CompletedTaskResult[], onlyTasksOf: IdentifierSqlToken | null = null) {
-  const base64 = (value: Buffer | null) => (value === null ? null : value.toString('base64'));
-  const rows = results.map(({ taskId, stored, directMessage, answerLevel, revision, lastSequence }) => [
-    taskId,
-    base64(stored.sealed.artifacts),
-    base64(stored.sealed.statusMessage),
-    stored.historyChanged,
-    stored.historyChanged ? base64(stored.sealed.history) : null,
-    directMessage,
-    answerLevel,
-    revision,
-    lastSequence,
-  ]);
+export function writeTaskResultsStatement(rows: ReadonlyArray<ReturnType<typeof taskResultRow>>, onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`
-    UPDATE a2a_tasks t SET artifacts = decode(v.artifacts, 'base64'), status_message = decode(v.status_message, 'base64'),
-      history = CASE WHEN v.history_changed THEN decode(v.history, 'base64') ELSE t.history END,
+    UPDATE a2a_tasks t SET artifacts = v.artifacts, status_message = v.status_message,
+      history = CASE WHEN v.history_changed THEN v.history ELSE t.history END,
       direct_message = v.direct_message, answer_level = v.answer_level,
       projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED', updated_at = now()
-    FROM ${sql.unnest(rows, ['uuid', 'text', 'text', 'bool', 'text', 'bool', 'text', 'int8', 'int4'])}
+    FROM ${sql.unnest(rows as unknown as unknown[][], TASK_RESULT_COLUMN_TYPES)}
       AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
     WHERE t.id = v.id ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`AND t.id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { pino } from 'pino';
-import { AuditTrail, insertAuditRowsStatement } from '../../../src/runs/audit-trail.js';
+import { AuditTrail, auditRowsOf, insertAuditRowsStatement } from '../../../src/runs/audit-trail.js';
 import { createRun } from '../../../src/runs/run-repository.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
@@ -68,7 +68,7 @@ describe('AuditTrail.takeUnrefusableRows: the trail rides in the caller statemen
     const rows = trail.takeUnrefusableRows();
     expect(rows).toHaveLength(2);
     expect(trail.takeUnrefusableRows()).toEqual([]);
-    const insert = insertAuditRowsStatement(rows!.map((row) => ({ runId: run.id, row })));
+    const insert = insertAuditRowsStatement(auditRowsOf(run.id, rows!));
     await db.pool.query(sql.unsafe`WITH alongside AS (${insert}) UPDATE runs SET updated_at = now() WHERE id = ${run.id}`);
     expect(await kinds(run.id)).toEqual(['claimed', 'completed']);
 

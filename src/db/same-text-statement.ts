@@ -1,0 +1,95 @@
+import type { QuerySqlToken } from 'slonik';
+
+// The hot path's batch statements have one text for any batch: their rows go in as arrays through
+// unnest (decision 0030). slonik still builds that text again on every call, renumbering the
+// placeholders of each nested fragment and escaping each column type: about 100 µs for the
+// creation statement, a tenth of a lone task's CPU. A SameTextStatement builds it once, from a
+// probe batch of one row whose every cell is a marker, and finds each cell's column among the
+// built values. A call then only puts its rows' columns where the markers were
+// (docs/decisions/0035-same-text-statements.md).
+
+/** The rows of each of the statement's unnests, in the order the build takes them. */
+export type RowSets = ReadonlyArray<ReadonlyArray<readonly unknown[]>>;
+
+const MARKER = '\u0000keel:cell:';
+
+function marker(set: number, column: number): string {
+  return `${MARKER}${set}:${column}`;
+}
+
+type Slot = { kind: 'constant'; value: unknown } | { kind: 'column'; set: number; column: number };
+
+const MARKED_PLACE = /^(\d+):(\d+)$/;
+
+/** The column a built value holds: an array of exactly one marker, as it was. Anything else is a constant of the statement. */
+function slotOf(value: unknown): Slot {
+  const cell = Array.isArray(value) && value.length === 1 && typeof value[0] === 'string' && value[0].startsWith(MARKER) ? value[0].slice(MARKER.length) : null;
+  const place = cell === null ? null : MARKED_PLACE.exec(cell);
+  return place === null ? { kind: 'constant', value } : { kind: 'column', set: Number(place[1]), column: Number(place[2]) };
+}
+
+function mentionsMarker(value: unknown): boolean {
+  if (typeof value === 'string') return value.includes(MARKER);
+  return Array.isArray(value) && value.some(mentionsMarker);
+}
+
+export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
+  private readonly template: Q;
+  private readonly widths: readonly number[];
+  private readonly slots: readonly Slot[];
+
+  /**
+   * `build` makes the statement from its row sets with slonik, as a call without this class
+   * would; `columns` says how many cells a row of each set has. Every cell must reach the
+   * statement as a column of an unnest (or a `sql.array` of a one-column set), untouched: a build
+   * that computes from a cell, or puts one into the text, is refused here, at start-up.
+   */
+  constructor(
+    private readonly build: (sets: Sets) => Q,
+    columns: readonly number[],
+  ) {
+    this.widths = columns;
+    const probe = columns.map((count, set) => [Array.from({ length: count }, (_, column) => marker(set, column))]) as unknown as Sets;
+    this.template = build(probe);
+    if (this.template.sql.includes(MARKER)) throw new Error('same-text statement: a cell was written into the text');
+    this.slots = this.template.values.map(slotOf);
+    const found = new Set<string>();
+    for (const [index, slot] of this.slots.entries()) {
+      if (slot.kind === 'constant') {
+        if (mentionsMarker(slot.value)) throw new Error(`same-text statement: value ${index + 1} is derived from a cell`);
+        continue;
+      }
+      const key = `${slot.set}:${slot.column}`;
+      if (found.has(key)) throw new Error(`same-text statement: column ${key} is used twice`);
+      found.add(key);
+    }
+    columns.forEach((count, set) => {
+      for (let column = 0; column < count; column += 1) {
+        if (!found.has(`${set}:${column}`)) throw new Error(`same-text statement: column ${set}:${column} does not reach the statement as a column`);
+      }
+    });
+  }
+
+  /** The statement for these rows: the text built once, each column where its marker was. */
+  with(sets: Sets): Q {
+    if (sets.length !== this.widths.length) throw new Error(`same-text statement: ${sets.length} row sets for ${this.widths.length}`);
+    const columns = sets.map((rows, set) => {
+      const width = this.widths[set]!;
+      const transposed: unknown[][] = Array.from({ length: width }, () => new Array<unknown>(rows.length));
+      for (let row = 0; row < rows.length; row += 1) {
+        const cells = rows[row]!;
+        // As slonik's unnest does: a row of another width is a programming error.
+        if (cells.length !== width) throw new Error(`same-text statement: a row of set ${set} has ${cells.length} cells, not ${width}`);
+        for (let column = 0; column < width; column += 1) transposed[column]![row] = cells[column];
+      }
+      return transposed;
+    });
+    const values = this.slots.map((slot) => (slot.kind === 'constant' ? slot.value : columns[slot.set]![slot.column]!));
+    return { ...this.template, values: values as Q['values'] };
+  }
+
+  /** The statement as slonik builds it for the same rows, fragment by fragment (the equivalence tests compare the two). */
+  builtBySlonik(sets: Sets): Q {
+    return this.build(sets);
+  }
+}

@@ -1,0 +1,134 @@
+import { randomUUID } from 'node:crypto';
+import { sql } from 'slonik';
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { SameTextStatement } from '../../../src/db/same-text-statement.js';
+import { creationStatement } from '../../../src/tasks/task-creation.js';
+import { heldCompletionStatement } from '../../../src/tasks/complete-held-runs.js';
+
+// A statement built once and given each call's rows (decision 0035) must be exactly what slonik
+// builds from the same rows, fragment by fragment: the same text and the same values in the same
+// places. A build it cannot reproduce that way is refused when the statement is made.
+
+const row = z.object({ n: z.number() });
+
+type Sets = [pairs: ReadonlyArray<readonly [string, number]>, names: ReadonlyArray<readonly [string]>];
+
+const toy = (sets: Sets) => {
+  const [pairs, names] = sets;
+  return sql.type(row)`WITH p AS (SELECT * FROM ${sql.unnest(pairs as unknown as unknown[][], ['text', 'int4'])} AS p(a, b))
+    SELECT count(*)::int AS n FROM p, unnest(${sql.array(
+      names.map(([name]) => name),
+      'text',
+    )}) AS q WHERE p.a <> ${'constant'} AND p.b = ANY(${sql.array([1, 2], 'int4')}) AND ${sql.identifier(['p', 'a'])} IS NOT NULL`;
+};
+
+describe('SameTextStatement', () => {
+  it('gives the text slonik builds and each column where slonik puts it, for batches of any size', () => {
+    const statement = new SameTextStatement(toy, [2, 1]);
+    const batches: Sets[] = [
+      [[], []],
+      [[['a', 1]], [['x']]],
+      [
+        [
+          ['a', 1],
+          ['b"\\', 2],
+          ['c', 3],
+        ],
+        [['x'], ['y']],
+      ],
+    ];
+    const texts = new Set<string>();
+    for (const sets of batches) {
+      const fast = statement.with(sets);
+      const built = statement.builtBySlonik(sets);
+      expect(fast.sql).toBe(built.sql);
+      expect(fast.values).toEqual(built.values);
+      expect(fast.type).toBe(built.type);
+      expect(fast.parser).toBe(built.parser);
+      texts.add(fast.sql);
+    }
+    expect(texts.size).toBe(1);
+    // The constants stay where they were: the scalar and the constant array.
+    expect(statement.with(batches[1]!).values).toEqual([['a'], [1], ['x'], 'constant', [1, 2]]);
+  });
+
+  it('refuses a build that computes from a cell, puts one into the text, or uses one twice', () => {
+    const computed = (sets: Sets) => sql.unsafe`SELECT * FROM ${sql.unnest(
+      sets[0].map(([a, b]) => [`${a}!`, b]),
+      ['text', 'int4'],
+    )} AS p(a, b), unnest(${sql.array(
+      sets[1].map(([name]) => name),
+      'text',
+    )}) AS q`;
+    expect(() => new SameTextStatement(computed, [2, 1])).toThrow(/derived from a cell/);
+
+    const inText = (sets: Sets) => sql.unsafe`SELECT * FROM ${sql.unnest(sets[0] as unknown as unknown[][], ['text', 'int4'])} AS p(a, b), ${sql.identifier([sets[1][0]?.[0] ?? 'none'])}`;
+    expect(() => new SameTextStatement(inText, [2, 1])).toThrow(/into the text/);
+
+    const twice = (sets: Sets) => sql.unsafe`SELECT * FROM ${sql.unnest(sets[0] as unknown as unknown[][], ['text', 'int4'])} AS p(a, b),
+      ${sql.unnest(sets[0] as unknown as unknown[][], ['text', 'int4'])} AS o(a, b), unnest(${sql.array(
+        sets[1].map(([name]) => name),
+        'text',
+      )}) AS q`;
+    expect(() => new SameTextStatement(twice, [2, 1])).toThrow(/used twice/);
+
+    const dropped = (sets: Sets) => sql.unsafe`SELECT * FROM ${sql.unnest(
+      sets[0].map(([a]) => [a]),
+      ['text'],
+    )} AS p(a), unnest(${sql.array(
+      sets[1].map(([name]) => name),
+      'text',
+    )}) AS q`;
+    expect(() => new SameTextStatement(dropped, [2, 1])).toThrow(/does not reach the statement/);
+  });
+
+  it('refuses rows of the wrong width and the wrong number of row sets', () => {
+    const statement = new SameTextStatement(toy, [2, 1]);
+    expect(() => statement.with([[['a', 1, 'extra'] as unknown as readonly [string, number]], []])).toThrow(/has 3 cells, not 2/);
+    expect(() => statement.with([[]] as unknown as Sets)).toThrow(/1 row sets for 2/);
+  });
+});
+
+describe("the hot path's statements", () => {
+  const sealed = (length: number) => Buffer.alloc(length, 7);
+
+  it('the creation statement is what slonik builds from the same rows', () => {
+    const ids = [randomUUID(), randomUUID()];
+    const at = Date.now();
+    const sets: Parameters<typeof creationStatement.with>[0] = [
+      ids.map((id) => [randomUUID(), id] as const),
+      ids.map((id, index) => [id, 'echo', index === 0 ? 'running' : 'queued', 'metadata', 'full', null, id, sealed(120), index === 0 ? 'worker-1' : null, index === 0 ? 30_000 : null, index === 0 ? at : null, index === 0 ? 2 : 1]),
+      ids.map((id) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(90), '{"a":"b\\"c"}', at, 2, 1, 'TASK_STATE_WORKING']),
+      [[ids[0]!, 1, ids[0]!, 2, 0, 'status', 'TASK_STATE_WORKING', sealed(200)]],
+      [[`${ids[0]} 1 0`]],
+    ];
+    const fast = creationStatement.with(sets);
+    const built = creationStatement.builtBySlonik(sets);
+    expect(fast.sql).toBe(built.sql);
+    expect(fast.values).toEqual(built.values);
+  });
+
+  it('the held completion statement is what slonik builds from the same rows', () => {
+    const runId = randomUUID();
+    const at = Date.now();
+    const sets: Parameters<typeof heldCompletionStatement.with>[0] = [
+      [[runId, runId, 'worker-1', 2, 'full', 1, 2, 'TASK_STATE_WORKING', sealed(90)]],
+      [
+        [runId, 1, 'claimed', '{"worker":"worker-1"}', at],
+        [runId, 2, 'completed', '{}', at + 1],
+      ],
+      [[runId, sealed(150), null, false, null, false, 'full', 3, 3]],
+      [[runId, 'worker-1', 'completed', false, 1, 0, 10, 20, at + 2]],
+      [
+        [runId, 2, runId, 3, 0, 'artifact', null, sealed(180)],
+        [runId, 3, runId, 3, 1, 'status', 'TASK_STATE_COMPLETED', sealed(220)],
+      ],
+      [[`${runId} 3 1`]],
+    ];
+    const fast = heldCompletionStatement.with(sets);
+    const built = heldCompletionStatement.builtBySlonik(sets);
+    expect(fast.sql).toBe(built.sql);
+    expect(fast.values).toEqual(built.values);
+  });
+});
