@@ -5,13 +5,23 @@ import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { TaskState } from '../protocol/wire.js';
-import { completeRunsStatement, settleRow } from '../runs/run-repository.js';
-import { auditRowsOf, insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
+import { SameTextStatement } from '../db/same-text-statement.js';
+import { completeRunsStatement, SETTLE_COLUMNS, settleRow } from '../runs/run-repository.js';
+import { AUDIT_COLUMNS, auditRowsOf, insertAuditRowsStatement, type AuditRow, type SerializedRow } from '../runs/audit-trail.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
-import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, journalEventsSince, journalRows, notifyAllStatement, recordEventDeliveries, type JournalRow } from './journal-writer.js';
-import { prepareTaskResult, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
+import {
+  DEFAULT_PROJECTION_OPTIONS,
+  insertJournalRowsStatement,
+  JOURNAL_COLUMNS,
+  journalEventsSince,
+  journalRows,
+  notifyAllStatement,
+  recordEventDeliveries,
+  type JournalRow,
+} from './journal-writer.js';
+import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
 
 // The completions of runs that end together, written by one statement in one transaction (group
 // commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the
@@ -140,32 +150,48 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
   return results as CompletionResult[];
 }
 
-/** One statement: the batch's audit rows, results with watermarks, settles, journal rows and NOTIFYs; the settled runs with their tasks' push configs. */
-async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
-  const audit = items.flatMap((item) => auditRowsOf(item.input.runId, item.audit));
-  const results = items.map(({ row, stored, directMessage, revision, journal }) => ({
-    taskId: row.task_id!,
-    stored,
-    directMessage,
-    answerLevel: row.answer_level,
-    revision,
-    lastSequence: journal.lastSequence,
-  }));
-  const settles = items.map(({ input }) => ({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals }));
-  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
-  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
-  // One text for any batch (rows as arrays): prepared on each connection (decision 0030).
-  const rows = await transaction.any(sql.type(settledRow)`${PREPARED}
+type CommonCompletionRows = [
+  audit: readonly AuditRow[],
+  results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
+  settles: ReadonlyArray<ReturnType<typeof settleRow>>,
+  journal: readonly JournalRow[],
+  notices: ReadonlyArray<readonly [notice: string]>,
+];
+
+/**
+ * The batch's one writing statement: its audit rows, results with watermarks, settles, journal
+ * rows and NOTIFYs, returning the settled runs with their tasks' push configs. One text for any
+ * batch (rows as arrays): prepared on each connection (decision 0030) and built once (decision 0035).
+ */
+export const commonCompletionStatement = new SameTextStatement(
+  ([audit, results, settles, journal, notices]: CommonCompletionRows) => sql.type(settledRow)`${PREPARED}
     WITH audited AS (${insertAuditRowsStatement(audit)} RETURNING 1),
-    results AS (${writeTaskResultsStatement(results.map(taskResultRow))} RETURNING t.id),
-    settled AS (${completeRunsStatement(settles.map(settleRow))} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
+    results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
+    settled AS (${completeRunsStatement(settles)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (
       SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,
-        (${notifyAllStatement(notices)}) AS notified)
+        (${notifyAllStatement(notices.map(([notice]) => notice))}) AS notified)
     SELECT s.*, c.results, c.events, c.notified,
       ARRAY(SELECT p.id FROM push_configs p WHERE p.task_id = s.task_id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused') ORDER BY p.id) AS push_configs
-    FROM settled s CROSS JOIN counts c`);
+    FROM settled s CROSS JOIN counts c`,
+  [AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 1],
+);
+
+async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
+  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
+  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [[item.journal.notice] as const]));
+  const rows = await transaction.any(
+    commonCompletionStatement.with([
+      items.flatMap((item) => auditRowsOf(item.input.runId, item.audit)),
+      items.map(({ row, stored, directMessage, revision, journal: written }) =>
+        taskResultRow({ taskId: row.task_id!, stored, directMessage, answerLevel: row.answer_level, revision, lastSequence: written.lastSequence }),
+      ),
+      items.map(({ input }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals })),
+      journal,
+      notices,
+    ]),
+  );
   const first = rows[0];
   if (rows.length !== items.length || !first || first.results !== items.length || first.events !== journal.length || first.notified !== notices.length) {
     throw new Error(

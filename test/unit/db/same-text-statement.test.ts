@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { SameTextStatement } from '../../../src/db/same-text-statement.js';
 import { creationStatement } from '../../../src/tasks/task-creation.js';
 import { heldCompletionStatement } from '../../../src/tasks/complete-held-runs.js';
+import { commonCompletionStatement } from '../../../src/tasks/complete-runs-together.js';
 
 // A statement built once and given each call's rows (decision 0035) must be exactly what slonik
 // builds from the same rows, fragment by fragment: the same text and the same values in the same
@@ -128,6 +129,22 @@ describe("the hot path's statements", () => {
     ];
     const fast = heldCompletionStatement.with(sets);
     const built = heldCompletionStatement.builtBySlonik(sets);
+    expect(fast.sql).toBe(built.sql);
+    expect(fast.values).toEqual(built.values);
+  });
+
+  it("the completion transaction's writing statement is what slonik builds from the same rows", () => {
+    const runs = [randomUUID(), randomUUID()];
+    const at = Date.now();
+    const sets: Parameters<typeof commonCompletionStatement.with>[0] = [
+      runs.map((runId, index) => [runId, index + 1, 'completed', '{"a":"\\u00e9"}', at] as const),
+      runs.map((runId) => [runId, sealed(150), sealed(40), true, sealed(300), false, 'redacted', 5, 4] as const),
+      runs.map((runId) => [runId, 'worker-2', 'completed', false, 2, 1, 30, 40, null] as const),
+      runs.map((runId) => [runId, 4, runId, 5, 0, 'status', 'TASK_STATE_COMPLETED', sealed(220)] as const),
+      runs.map((runId) => [`${runId} 4 1`] as const),
+    ];
+    const fast = commonCompletionStatement.with(sets);
+    const built = commonCompletionStatement.builtBySlonik(sets);
     expect(fast.sql).toBe(built.sql);
     expect(fast.values).toEqual(built.values);
   });
