@@ -82,7 +82,9 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          machine: the server at KEEL_BENCH_ADMIN_URL (bench/support.ts).
 //   BENCH_PG_BINDIR        where initdb and postgres are (/usr/lib/postgresql/<major>/bin, pg_config)
 //   BENCH_PG_SETTLE_SECONDS idle seconds before and after each concurrency of a database target, so
-//                          that every backend has reported its commits (11; 0: no commits/req column)
+//                          that every backend has reported its commits (11; 0: no commits/req or
+//                          stmts/req column). stmts/req needs pg_stat_statements loaded: the private
+//                          cluster loads it and tracks only the databases of Keel targets
 //   KEEL_BENCH_ADMIN_URL   the machine's Postgres admin URL (bench/support.ts); its version and
 //                          settings are the private cluster's model
 //   BENCH_CPU              1: CPU milliseconds per completed task over the measured window, per
@@ -139,6 +141,12 @@ type Measurement = {
    * sent in the phase.
    */
   commitsPerRequest?: number;
+  /**
+   * The statements the server ran over the same phase ÷ the same requests: Keel's from
+   * pg_stat_statements (top-level statements, BEGIN and COMMIT among them), the SDK store's from
+   * its own counter. Not measured on the machine's server (BENCH_POSTGRES=machine).
+   */
+  statementsPerRequest?: number;
   /** The most backends connected to the bench database during the measurement (database targets). */
   peakBackends?: number;
   /** BENCH_CPU=1: CPU time of each group of processes over (about) the measured window. */
@@ -256,7 +264,15 @@ async function sendOne(pool: Pool, path: string, headers: Record<string, string>
  * What the load needs to know of a target: where to send, with which headers, its database (if any)
  * to watch, and (BENCH_CPU) the pids of its processes by group ('keel api': [...], redis: [...]).
  */
-type LoadTarget = { origins: string[]; path: string; headers: Record<string, string>; databaseName?: string; processes?: Record<string, number[]> };
+type LoadTarget = {
+  origins: string[];
+  path: string;
+  headers: Record<string, string>;
+  databaseName?: string;
+  processes?: Record<string, number[]>;
+  /** The statements the target's server has run so far, read at the phases' edges (after the idle wait). */
+  statements?: () => Promise<number>;
+};
 
 async function measure(target: LoadTarget, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
   // Client i talks to origin i mod n, over a connection of its own: one pool per origin with as many
@@ -396,6 +412,7 @@ async function runLoad(result: TargetResult, target: LoadTarget): Promise<number
   let requests = 0;
   // The commit counter of the bench database, read only when every backend has reported (see settle).
   let commits = target.databaseName && settleSeconds > 0 ? await settle(target.databaseName) : null;
+  let statements = commits !== null && target.statements ? await target.statements() : null;
   for (const concurrency of concurrencies) {
     await checkpoint();
     const roundNote = rounds > 1 ? `round ${currentRound}/${rounds}, ` : '';
@@ -406,9 +423,15 @@ async function runLoad(result: TargetResult, target: LoadTarget): Promise<number
       const after = await settle(target.databaseName);
       if (sent > 0) measurement.commitsPerRequest = (after - commits) / sent;
       commits = after;
+      if (statements !== null && target.statements) {
+        const ran = await target.statements();
+        if (sent > 0) measurement.statementsPerRequest = (ran - statements) / sent;
+        statements = ran;
+      }
     }
     result.measurements.push(measurement);
     const extra = [
+      measurement.statementsPerRequest !== undefined ? `${fmt(measurement.statementsPerRequest, 2)} statements/request` : null,
       measurement.commitsPerRequest !== undefined ? `${fmt(measurement.commitsPerRequest, 2)} commits/request` : null,
       measurement.peakBackends !== undefined ? `≤ ${measurement.peakBackends} db connections` : null,
       `client side ≤ ${measurement.peakInFlight} in flight on ${measurement.peakConnections} connections${measurement.peakQueued > 0 ? `, ≤ ${measurement.peakQueued} queued` : ''}`,
@@ -471,6 +494,38 @@ async function settledCounters(name: string): Promise<DatabaseCounters> {
   }
   await new Promise((resolve) => setTimeout(resolve, 500));
   return databaseCounters(name);
+}
+
+let statementCounting: Promise<boolean> | null = null;
+
+/**
+ * Whether the server counts statements: the private cluster loads pg_stat_statements, tracking
+ * nothing until a database asks (private-postgres.ts); the machine's server usually does not.
+ */
+function countsStatements(): Promise<boolean> {
+  statementCounting ??= withAdmin(async (client) => {
+    const { rows } = await client.query<{ libraries: string }>(`SELECT current_setting('shared_preload_libraries') AS libraries`);
+    if (!(rows[0]?.libraries ?? '').split(',').some((library) => library.trim() === 'pg_stat_statements')) return false;
+    await client.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
+    return true;
+  }).catch(() => false);
+  return statementCounting;
+}
+
+/** Counts the top-level statements of sessions opened on the database from now on (BEGIN, COMMIT and the like among them). */
+async function trackStatements(name: string): Promise<void> {
+  await withAdmin((client) => client.query(`ALTER DATABASE ${name} SET pg_stat_statements.track = 'top'`));
+}
+
+/** The statements run on the database so far, as pg_stat_statements counts them (each entry's calls). */
+async function statementsRun(name: string): Promise<number> {
+  return withAdmin(async (client) => {
+    const { rows } = await client.query<{ calls: string }>(
+      `SELECT coalesce(sum(s.calls), 0) AS calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1`,
+      [name],
+    );
+    return Number(rows[0]?.calls ?? 0);
+  });
 }
 
 /** Adds one server's run to the target's totals (summed over rounds). */
@@ -761,7 +816,14 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
       const statementsBefore = await sdkStatements(origin);
-      requests = await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, databaseName: databaseName(databaseUrl), processes: sdkProcesses(child) });
+      requests = await runLoad(result, {
+        origins: [origin],
+        path: '/',
+        headers: A2A_HEADERS,
+        databaseName: databaseName(databaseUrl),
+        processes: sdkProcesses(child),
+        statements: () => sdkStatements(origin),
+      });
       statements = (await sdkStatements(origin)) - statementsBefore;
     } finally {
       await child.stop();
@@ -806,6 +868,10 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     const nodes: KeelNode[] = [];
     let requests = 0;
     let before: DatabaseCounters | undefined;
+    // Before anything connects to the database: a session reads the setting when it starts.
+    const counting = await countsStatements();
+    if (counting) await trackStatements(databaseName(databaseUrl));
+    let statementsBefore: number | undefined;
     try {
       // Migrations once, before the processes start (they would serialize on an advisory lock anyway).
       await runCommand('keel migrate', [keelBin, 'migrate'], env);
@@ -847,6 +913,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       }
       await sleep(1200);
       before = await databaseCounters(databaseName(databaseUrl));
+      if (counting) statementsBefore = await statementsRun(databaseName(databaseUrl));
       let processes: Record<string, number[]> | undefined;
       if (cpuEnabled) {
         // Summed per role: `keel` (single), or `keel api` and `keel worker` (split).
@@ -867,6 +934,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         headers,
         databaseName: databaseName(databaseUrl),
         ...(processes ? { processes } : {}),
+        ...(counting ? { statements: () => statementsRun(databaseName(databaseUrl)) } : {}),
       });
       const erred = result.measurements.some((m) => m.round === currentRound && m.errors > 0);
       for (const node of nodes) {
@@ -886,7 +954,11 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       rmSync(dataDir, { recursive: true, force: true });
       unguard({ kind: 'dir', path: dataDir });
     }
-    if (before) addDatabaseWork(result, before, await settledCounters(databaseName(databaseUrl)), requests);
+    if (before) {
+      const after = await settledCounters(databaseName(databaseUrl));
+      const statements = statementsBefore === undefined ? undefined : (await statementsRun(databaseName(databaseUrl))) - statementsBefore;
+      addDatabaseWork(result, before, after, requests, statements);
+    }
   });
 }
 
@@ -950,6 +1022,7 @@ type Summary = {
   errors: number;
   rounds: number;
   commitsPerRequest?: number;
+  statementsPerRequest?: number;
   peakBackends?: number;
   peakInFlight: number;
   peakQueued: number;
@@ -970,6 +1043,7 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
   if (runs.length === 0) return undefined;
   const rates = runs.map((m) => m.tasksPerSecond);
   const commits = runs.flatMap((m) => (m.commitsPerRequest === undefined ? [] : [m.commitsPerRequest]));
+  const statements = runs.flatMap((m) => (m.statementsPerRequest === undefined ? [] : [m.statementsPerRequest]));
   const backends = runs.flatMap((m) => (m.peakBackends === undefined ? [] : [m.peakBackends]));
   const cpuRuns = runs.flatMap((m) => (m.cpu ? [cpuPerTask(m.cpu)] : []));
   let cpu: CpuPerTask | undefined;
@@ -990,6 +1064,7 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
     errors: runs.reduce((sum, m) => sum + m.errors, 0),
     rounds: runs.length,
     ...(commits.length > 0 ? { commitsPerRequest: median(commits) } : {}),
+    ...(statements.length > 0 ? { statementsPerRequest: median(statements) } : {}),
     ...(backends.length > 0 ? { peakBackends: Math.max(...backends) } : {}),
     peakInFlight: Math.max(...runs.map((m) => m.peakInFlight)),
     peakQueued: Math.max(...runs.map((m) => m.peakQueued)),
@@ -1069,7 +1144,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   lines.push('');
 
   const all = rows(results);
-  const header = ['conc', 'target', 'topology', 'queue', 'tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem', 'commits/req'];
+  const header = ['conc', 'target', 'topology', 'queue', 'tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem', 'stmts/req', 'commits/req'];
   if (cpuEnabled) header.push('CPU ms/task');
   if (rounds > 1) header.push('range');
   const body: string[][] = [];
@@ -1090,6 +1165,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
         String(m.errors),
         row.ratioSdkPostgres === undefined ? '-' : `${fmt(row.ratioSdkPostgres, 2)}×`,
         row.ratioSdkMemory === undefined ? '-' : `${fmt(row.ratioSdkMemory, 2)}×`,
+        m.statementsPerRequest === undefined ? '-' : fmt(m.statementsPerRequest, 2),
         m.commitsPerRequest === undefined ? '-' : fmt(m.commitsPerRequest, 2),
       ];
       if (cpuEnabled) cells.push(m.cpu ? ms(m.cpu.total, 2) : '-');
@@ -1103,6 +1179,8 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   if (settleSeconds > 0) {
     lines.push('commits/req: pg_stat_database.xact_commit of the bench database over the whole phase at that concurrency (warm-up, window, drain,');
     lines.push(`  ${settleSeconds} s idle until every backend has reported) ÷ the requests sent in it; every committed transaction: reads, queue polling, sweeps too`);
+    lines.push('stmts/req: the statements the server ran over the same phase ÷ the same requests: Keel\'s top-level statements as pg_stat_statements counts them');
+    lines.push('  (BEGIN, COMMIT, queue polling and sweeps too; tracked in Keel\'s database only), the SDK store\'s from its own counter');
   }
   const withCpu = all.filter((row) => row.summary?.cpu);
   if (withCpu.length > 0) {
@@ -1163,7 +1241,9 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   if (work.length > 0) {
     lines.push('');
     lines.push('database work per request over the whole run of each target, start-up to shut-down (every concurrency, warm-ups, idle waits and the servers\' own');
-    lines.push('shut-down included; counters read after the servers exited)');
+    lines.push('shut-down included; counters read after the servers exited). Commits here include the notification reads of LISTEN sessions (Keel\'s journal');
+    lines.push('listener, the Postgres queue\'s workers): Postgres reads each wake-up\'s notifications in a transaction of its own and reports a listening');
+    lines.push('session\'s counts only when it ends, so the per-phase commits/req above leave them out and these take them all in');
     for (const result of work) {
       const w = result.databaseWork!;
       const per = (value: number) => fmt(value / w.requests, 2);
@@ -1232,6 +1312,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
             ...(rounds > 1 ? { tasksPerSecondMin: round2(row.summary.min), tasksPerSecondMax: round2(row.summary.max) } : {}),
             ratioSdkPostgres: round2(row.ratioSdkPostgres),
             ratioSdkMemory: round2(row.ratioSdkMemory),
+            statementsPerRequest: round2(row.summary.statementsPerRequest),
             commitsPerRequest: round2(row.summary.commitsPerRequest),
             ...(row.summary.cpu
               ? {
@@ -1270,6 +1351,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
         ...m,
         p50: round2(m.p50),
         p99: round2(m.p99),
+        statementsPerRequest: round2(m.statementsPerRequest),
         commitsPerRequest: round2(m.commitsPerRequest),
         ...(m.cpu
           ? {

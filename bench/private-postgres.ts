@@ -156,6 +156,12 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
     'unix_socket_directories=',
     '-c',
     `max_connections=${maxConnections}`,
+    // Statements per request (bench:a2a): loaded, but tracking nothing unless a database asks for
+    // it (ALTER DATABASE ... SET pg_stat_statements.track), so other databases pay nothing for it.
+    '-c',
+    'shared_preload_libraries=pg_stat_statements',
+    '-c',
+    'pg_stat_statements.track=none',
     ...settings.flatMap((setting) => ['-c', setting]),
   ];
   const child: ChildProcess = spawn(join(binDir, 'postgres'), flags, { ...spawnOptions, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
