@@ -8,8 +8,14 @@ import type { QuerySqlToken } from 'slonik';
 // built values. A call then only puts its rows' columns where the markers were
 // (docs/decisions/0035-same-text-statements.md).
 
-/** The rows of each of the statement's unnests, in the order the build takes them. */
-export type RowSets = ReadonlyArray<ReadonlyArray<readonly unknown[]>>;
+/**
+ * What the build takes, in order: the rows of each unnest, or a list of values that goes in as one
+ * array (`sql.array`).
+ */
+export type RowSets = ReadonlyArray<ReadonlyArray<unknown>>;
+
+/** How a set's values reach the statement: rows of this many cells (an unnest), or one list of values (`sql.array`). */
+export type SetShape = number | 'list';
 
 const MARKER = '\u0000keel:cell:';
 
@@ -35,21 +41,24 @@ function mentionsMarker(value: unknown): boolean {
 
 export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
   private readonly template: Q;
-  private readonly widths: readonly number[];
+  private readonly shapes: readonly SetShape[];
   private readonly slots: readonly Slot[];
 
   /**
-   * `build` makes the statement from its row sets with slonik, as a call without this class
-   * would; `columns` says how many cells a row of each set has. Every cell must reach the
-   * statement as a column of an unnest (or a `sql.array` of a one-column set), untouched: a build
-   * that computes from a cell, or puts one into the text, is refused here, at start-up.
+   * `build` makes the statement from its sets with slonik, as a call without this class would;
+   * `shapes` says how many cells a row of each set has, or that the set is a list of values. Every
+   * cell must reach the statement as a column of an unnest, and every list as one array value,
+   * untouched: a build that computes from a cell, or puts one into the text, is refused here, at
+   * start-up.
    */
   constructor(
     private readonly build: (sets: Sets) => Q,
-    columns: readonly number[],
+    shapes: readonly SetShape[],
   ) {
-    this.widths = columns;
-    const probe = columns.map((count, set) => [Array.from({ length: count }, (_, column) => marker(set, column))]) as unknown as Sets;
+    this.shapes = shapes;
+    const probe = shapes.map((shape, set) =>
+      shape === 'list' ? [marker(set, 0)] : [Array.from({ length: shape }, (_, column) => marker(set, column))],
+    ) as unknown as Sets;
     this.template = build(probe);
     if (this.template.sql.includes(MARKER)) throw new Error('same-text statement: a cell was written into the text');
     this.slots = this.template.values.map(slotOf);
@@ -63,8 +72,8 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
       if (found.has(key)) throw new Error(`same-text statement: column ${key} is used twice`);
       found.add(key);
     }
-    columns.forEach((count, set) => {
-      for (let column = 0; column < count; column += 1) {
+    shapes.forEach((shape, set) => {
+      for (let column = 0; column < (shape === 'list' ? 1 : shape); column += 1) {
         if (!found.has(`${set}:${column}`)) throw new Error(`same-text statement: column ${set}:${column} does not reach the statement as a column`);
       }
     });
@@ -72,12 +81,13 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
 
   /** The statement for these rows: the text built once, each column where its marker was. */
   with(sets: Sets): Q {
-    if (sets.length !== this.widths.length) throw new Error(`same-text statement: ${sets.length} row sets for ${this.widths.length}`);
+    if (sets.length !== this.shapes.length) throw new Error(`same-text statement: ${sets.length} row sets for ${this.shapes.length}`);
     const columns = sets.map((rows, set) => {
-      const width = this.widths[set]!;
+      const width = this.shapes[set]!;
+      if (width === 'list') return [rows];
       const transposed: unknown[][] = Array.from({ length: width }, () => new Array<unknown>(rows.length));
       for (let row = 0; row < rows.length; row += 1) {
-        const cells = rows[row]!;
+        const cells = rows[row] as readonly unknown[];
         // As slonik's unnest does: a row of another width is a programming error.
         if (cells.length !== width) throw new Error(`same-text statement: a row of set ${set} has ${cells.length} cells, not ${width}`);
         for (let column = 0; column < width; column += 1) transposed[column]![row] = cells[column];

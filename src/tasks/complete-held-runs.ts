@@ -141,7 +141,7 @@ type HeldCompletionRows = [
   results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
   settles: ReadonlyArray<ReturnType<typeof settleRow>>,
   journal: readonly JournalRow[],
-  notices: ReadonlyArray<readonly [notice: string]>,
+  notices: readonly string[],
 ];
 
 /**
@@ -174,10 +174,7 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles, held)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
-    notified AS (${notifyAllStatement(
-      notices.map(([notice]) => notice),
-      held,
-    )}),
+    notified AS (${notifyAllStatement(notices, held)}),
     counts AS (
       SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
         (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified)
@@ -185,7 +182,7 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
         ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
       s.*
     FROM counts c LEFT JOIN settled s ON true`;
-}, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 1]);
+}, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list']);
 
 async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, SettledRun>> {
   const rows = await pool.any(
@@ -207,7 +204,7 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
       ),
       items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
       items.flatMap((item) => item.journal.rows),
-      items.flatMap(({ journal }) => (journal.notice === null ? [] : [[journal.notice] as const])),
+      items.flatMap(({ journal }) => (journal.notice === null ? [] : [journal.notice])),
     ]),
   );
   const settled = new Map<string, SettledRun>();

@@ -155,7 +155,7 @@ type CommonCompletionRows = [
   results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
   settles: ReadonlyArray<ReturnType<typeof settleRow>>,
   journal: readonly JournalRow[],
-  notices: ReadonlyArray<readonly [notice: string]>,
+  notices: readonly string[],
 ];
 
 /**
@@ -171,16 +171,16 @@ export const commonCompletionStatement = new SameTextStatement(
     journal AS (${insertJournalRowsStatement(journal)} RETURNING 1),
     counts AS (
       SELECT (SELECT count(*) FROM results)::int AS results, (SELECT count(*) FROM journal)::int AS events,
-        (${notifyAllStatement(notices.map(([notice]) => notice))}) AS notified)
+        (${notifyAllStatement(notices)}) AS notified)
     SELECT s.*, c.results, c.events, c.notified,
       ARRAY(SELECT p.id FROM push_configs p WHERE p.task_id = s.task_id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused') ORDER BY p.id) AS push_configs
     FROM settled s CROSS JOIN counts c`,
-  [AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 1],
+  [AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list'],
 );
 
 async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
   const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
-  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [[item.journal.notice] as const]));
+  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
   const rows = await transaction.any(
     commonCompletionStatement.with([
       items.flatMap((item) => auditRowsOf(item.input.runId, item.audit)),

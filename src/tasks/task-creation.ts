@@ -108,7 +108,7 @@ type CreationRows = [
   runs: ReadonlyArray<ReturnType<typeof runValues>>,
   tasks: ReadonlyArray<ReturnType<typeof taskValues>>,
   events: readonly JournalRow[],
-  notices: ReadonlyArray<readonly [notice: string]>,
+  notices: readonly string[],
 ];
 
 /**
@@ -126,8 +126,8 @@ export const creationStatement = new SameTextStatement(
     new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
     new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
     SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
-      (${notifyAllStatement(notices.map(([notice]) => notice))}) AS notified`,
-  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS, 1],
+      (${notifyAllStatement(notices)}) AS notified`,
+  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS, 'list'],
 );
 
 /**
@@ -142,7 +142,7 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
     journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]),
   );
   const events = journals.flatMap((journal) => journal.rows);
-  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [[journal.notice] as const]));
+  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
   const result = await db.one(
     creationStatement.with([
       creations.map(({ task }) => [task.owner, task.contextId] as const),

@@ -12,6 +12,8 @@ export type StatementLog = {
   since: (from: number, match?: RegExp) => LoggedStatement[];
   /** Transactions committed by the statements since `from`: each COMMIT, and each statement sent outside a transaction. */
   commitsSince: (from: number) => number;
+  /** Resolves once no statement has been sent for `quietMs` (at most `limitMs`): the process's own start-up work is over. */
+  untilQuiet: (quietMs: number, limitMs?: number) => Promise<void>;
   stop: () => void;
 };
 
@@ -39,6 +41,12 @@ export function recordStatements(): StatementLog {
     entries,
     since: (from, match) => entries.slice(from).filter((entry) => !match || match.test(entry.text)),
     commitsSince: (from) => entries.slice(from).filter((entry) => /^COMMIT\b/i.test(entry.text) || !entry.inTransaction).length,
+    untilQuiet: async (quietMs, limitMs = 15_000) => {
+      const deadline = Date.now() + limitMs;
+      while (Date.now() < deadline && Date.now() - (entries.at(-1)?.at ?? 0) < quietMs) {
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    },
     stop: () => {
       prototype.query = original;
     },

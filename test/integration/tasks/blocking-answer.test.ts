@@ -28,20 +28,6 @@ beforeAll(() => {
 });
 afterAll(() => log?.stop());
 
-/** Resolves once no statement has been logged for quietMs (at most 15 s). */
-async function untilQuiet(statements: StatementLog, quietMs: number): Promise<void> {
-  const deadline = Date.now() + 15_000;
-  let count = statements.entries.length;
-  let since = Date.now();
-  while (Date.now() < deadline && Date.now() - since < quietMs) {
-    await new Promise((resolve) => setTimeout(resolve, 50));
-    if (statements.entries.length !== count) {
-      count = statements.entries.length;
-      since = Date.now();
-    }
-  }
-}
-
 let counter = 0;
 const send = (keel: TestKeel, token: string, binding: Binding, text: string) => {
   counter += 1;
@@ -66,7 +52,7 @@ describe('in one process', () => {
       expectA2AResult(binding, await send(keel, token, binding, 'warm up'));
       // The maintenance jobs Keel runs as it starts (a sweep, the retention purge) once landed in
       // the measured window: wait until the process has sent nothing for half a second.
-      await untilQuiet(log, 500);
+      await log.untilQuiet(500);
       for (const text of ['answer from the commit', 'réponse 😀']) {
         const from = log.entries.length;
         const answer = expectA2AResult(binding, await send(keel, token, binding, text));
