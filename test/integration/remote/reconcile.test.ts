@@ -54,15 +54,21 @@ beforeAll(async () => {
   liar = await startFakeRemote({ push: true });
   silent = await startSdkRemote({ push: true, sender: 'drop', completeAfterMs: 500 });
   // Finishes at once and pushes COMPLETED to the callback URL before it answers SendMessage (WORKING).
+  // Until it has answered, its GetTask is unavailable: the reconcile the callback wakes would
+  // otherwise adopt the task the body names (decision 0015) before the test reads the kept row, and
+  // this test is about the other way, the id stored by the sender.
   early = await startFakeRemote({
     push: true,
     beforeAnswer: async (send: Omit<FakeSend, 'answeredAt'>) => {
       early.setState(send.taskId, 'TASK_STATE_COMPLETED');
+      early.setGetTask('unavailable');
       const registrationId = registrationIdOf(send.pushConfig!.url);
       const dependency = await keel.context.pool.maybeOne(sql.type(z.object({ state: z.string(), remote_task_id: z.string().nullable() }))`
         SELECT d.state, d.remote_task_id FROM dependencies d JOIN inbox_registrations g ON g.dependency_id = d.id WHERE g.id = ${registrationId}`);
       const response = await postCallback(send.pushConfig!.url, completedCallback(send.taskId, send.contextId), { bearer: send.pushConfig!.authentication!.credentials });
       earlyRecords.push({ status: response.status, dependency, rows: await callbacksOfRegistration(keel.context.pool, registrationId), at: Date.now() });
+      // Available again once the answer is recorded (the remote records it right after this hook).
+      setImmediate(() => early.setGetTask('answer'));
     },
   });
   slow = await startFakeRemote({ push: true, getTaskDelayMs: 400 });
