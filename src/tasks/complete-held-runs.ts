@@ -1,4 +1,4 @@
-import { sql, type DatabasePool } from 'slonik';
+import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
@@ -62,7 +62,7 @@ type Item = {
  * transaction). A statement that fails writes nothing; the caller writes each completion again.
  */
 export async function completeHeldRuns(
-  pool: DatabasePool,
+  pool: CommonQueryMethods,
   sealer: Sealer,
   inputs: ReadonlyArray<CompletionInput & { held: HeldRows }>,
 ): Promise<Array<CompletionResult | null>> {
@@ -184,7 +184,7 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
     FROM counts c LEFT JOIN settled s ON true`;
 }, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list']);
 
-async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]): Promise<Map<string, SettledRun>> {
+async function writeHeldCompletions(pool: CommonQueryMethods, items: readonly Item[]): Promise<Map<string, SettledRun>> {
   const rows = await pool.any(
     heldCompletionStatement.with([
       items.map(({ input }) => [
@@ -199,8 +199,8 @@ async function writeHeldCompletions(pool: DatabasePool, items: readonly Item[]):
         input.held.task.history,
       ] as const),
       items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
-      items.map(({ input, stored, directMessage, revision, journal }) =>
-        taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence }),
+      items.map(({ input, stored, directMessage, revision, journal, at }) =>
+        taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence, at }),
       ),
       items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
       items.flatMap((item) => item.journal.rows),

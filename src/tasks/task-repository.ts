@@ -320,10 +320,12 @@ export type CompletedTaskResult = {
   /** The run revision and last sequence the completion journals up to. */
   revision: number;
   lastSequence: number;
+  /** The status time the writer chose for the run's settle (settleRow's `at`); without it, the transaction's. */
+  at?: number;
 };
 
 /** A completion's result as a row for writeTaskResultsStatement. */
-export function taskResultRow({ taskId, stored, directMessage, answerLevel, revision, lastSequence }: CompletedTaskResult) {
+export function taskResultRow({ taskId, stored, directMessage, answerLevel, revision, lastSequence, at }: CompletedTaskResult) {
   return [
     taskId,
     stored.sealed.artifacts,
@@ -334,10 +336,11 @@ export function taskResultRow({ taskId, stored, directMessage, answerLevel, revi
     answerLevel,
     revision,
     lastSequence,
+    at ?? null,
   ] as const;
 }
 
-const TASK_RESULT_COLUMN_TYPES = ['uuid', 'bytea', 'bytea', 'bool', 'bytea', 'bool', 'text', 'int8', 'int4'];
+const TASK_RESULT_COLUMN_TYPES = ['uuid', 'bytea', 'bytea', 'bool', 'bytea', 'bool', 'text', 'int8', 'int4', 'float8'];
 
 /** How many cells a taskResultRow has. */
 export const TASK_RESULT_COLUMNS = TASK_RESULT_COLUMN_TYPES.length;
@@ -346,15 +349,23 @@ export const TASK_RESULT_COLUMNS = TASK_RESULT_COLUMN_TYPES.length;
  * The results of completions as one UPDATE for a CTE of the caller's statement (group commit):
  * each task's sealed result, history when it changed, level and journal watermark, COMPLETED.
  * With `onlyTasksOf`, only the tasks that CTE of the same statement names (`task_id`).
+ *
+ * It writes the task's state and status time too, the ones the same statement's settle gives the
+ * run (the writer's `at`, or the transaction's time as the runs trigger stamps it): one version of
+ * the task row instead of two, since the runs trigger then finds the task already COMPLETED and
+ * leaves it alone (decision 0036). The caller settles every one of these runs in the same
+ * statement or fails it. The move is counted by the row trigger that counts a state written
+ * directly (sql/0016), one delta row per task.
  */
 export function writeTaskResultsStatement(rows: ReadonlyArray<ReturnType<typeof taskResultRow>>, onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`
     UPDATE a2a_tasks t SET artifacts = v.artifacts, status_message = v.status_message,
       history = CASE WHEN v.history_changed THEN v.history ELSE t.history END,
       direct_message = v.direct_message, answer_level = v.answer_level,
-      projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED', updated_at = now()
+      projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED',
+      state = 'TASK_STATE_COMPLETED', status_timestamp = coalesce(to_timestamp(v.at / 1000.0), now()), updated_at = now()
     FROM ${sql.unnest(rows as unknown as unknown[][], TASK_RESULT_COLUMN_TYPES)}
-      AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence)
+      AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence, at)
     WHERE t.id = v.id ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`AND t.id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 

@@ -18,6 +18,7 @@ import { countTasks, foldTaskCountDeltas } from '../../../src/tasks/task-counts.
 import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
+import { writesOf } from '../../support/table-writes.js';
 
 // What sql/0016 promises, read from Postgres's own statistics on a real database: task-count deltas
 // are appended once per statement and key, not once per task, and a state change is one row (a
@@ -76,28 +77,6 @@ async function createTask(): Promise<string> {
     },
   ]);
   return id;
-}
-
-const writes = z.object({ updates: z.number(), hot: z.number() });
-
-/**
- * The table's updates and HOT updates as the shared statistics hold them, after this connection's
- * own pending counts are flushed: pg_stat_force_next_flush() makes the backend report them when
- * that statement's transaction ends, and pg_stat_clear_snapshot() drops any cached reading.
- */
-async function flushedWrites(connection: CommonQueryMethods, table: string) {
-  await connection.query(sql.unsafe`SELECT pg_stat_force_next_flush()`);
-  await connection.query(sql.unsafe`SELECT pg_stat_clear_snapshot()`);
-  return connection.one(sql.type(writes)`
-    SELECT n_tup_upd::int AS updates, n_tup_hot_upd::int AS hot FROM pg_stat_user_tables WHERE relname = ${table}`);
-}
-
-/** The writes `step` caused on `table`: how many row updates, and how many of them were HOT. */
-async function writesOf(connection: CommonQueryMethods, table: string, step: () => Promise<unknown>) {
-  const before = await flushedWrites(connection, table);
-  await step();
-  const after = await flushedWrites(connection, table);
-  return { updates: after.updates - before.updates, hot: after.hot - before.hot };
 }
 
 const taskState = (id: string) =>

@@ -16,6 +16,7 @@ import { createTestClient, createTestDatabase, type TestDatabase } from '../../s
 import { storedSettledRun } from '../../support/run-helpers.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf } from '../push/push-support.js';
+import { writesOf } from '../../support/table-writes.js';
 
 // A fast run's completion written without reading first (decision 0029): one statement checks,
 // under its lock, that the run and task rows are as the fast run's insert left them, and writes
@@ -117,6 +118,32 @@ describe('a fast run whose rows are as its insert left them', () => {
       expect(artifact.parts[0]!.text).toBe(`echo: ${id}`);
       expect(result.journaled!.write).toMatchObject({ events: 2, deliveryIds: [], notice: { taskId: id, lastSequence: 3, ends: true }, statusTimestamp: stamps.run_changed });
     }
+  });
+
+  it('writes each task row once: result, watermark, state and status time in one version; the move counted once', async () => {
+    const items = [fastTask('a'), fastTask('b'), fastTask('c')];
+    await createTasksInNewContexts(db.pool, sealer, items.map((item) => item.creation));
+    const ids = items.map((item) => item.run.id);
+    const deltas = () =>
+      db.pool.any(sql.type(z.object({ state: z.string(), from_state: z.string().nullable(), n: z.number() }))`
+        SELECT state, from_state, sum(n)::int AS n FROM a2a_task_count_deltas WHERE owner = ${owner} AND from_state IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2`);
+    const movedBefore = await deltas();
+    const written = await db.pool.connect((connection) => writesOf(connection, 'a2a_tasks', () => completeHeldRuns(connection, sealer, items.map(heldCompletion))));
+    // Three tasks, three row updates: the runs trigger found them COMPLETED already and wrote none.
+    expect(written.updates).toBe(3);
+    const tasks = await db.pool.any(sql.type(z.object({ state: z.string(), projected_state: z.string() }))`
+      SELECT state, projected_state FROM a2a_tasks WHERE id = ANY(${sql.array(ids, 'uuid')})`);
+    expect(tasks).toEqual(ids.map(() => ({ state: 'TASK_STATE_COMPLETED', projected_state: 'TASK_STATE_COMPLETED' })));
+    for (const id of ids) expect((await stampsOf(id)).task_status).toBe((await stampsOf(id)).run_changed);
+    // Counted once each: three more WORKING → COMPLETED moves, and the counts agree.
+    const moved = (rows: ReadonlyArray<{ state: string; from_state: string | null; n: number }>) =>
+      rows.find((row) => row.state === 'TASK_STATE_COMPLETED' && row.from_state === 'TASK_STATE_WORKING')?.n ?? 0;
+    expect(moved(await deltas()) - moved(movedBefore)).toBe(3);
+    const counted = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
+      SELECT coalesce(sum(CASE WHEN state = 'TASK_STATE_COMPLETED' THEN n ELSE 0 END) - sum(CASE WHEN from_state = 'TASK_STATE_COMPLETED' THEN n ELSE 0 END), 0)::int AS n
+      FROM a2a_task_count_deltas WHERE owner = ${owner}`);
+    const stored = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_tasks WHERE owner = ${owner} AND state = 'TASK_STATE_COMPLETED'`);
+    expect(counted).toBe(stored);
   });
 });
 

@@ -107,7 +107,7 @@ describe("the hot path's statements", () => {
         [runId, 1, 'claimed', '{"worker":"worker-1"}', at],
         [runId, 2, 'completed', '{}', at + 1],
       ],
-      [[runId, sealed(150), null, false, null, false, 'full', 3, 3]],
+      [[runId, sealed(150), null, false, null, false, 'full', 3, 3, at + 2]],
       [[runId, 'worker-1', 'completed', false, 1, 0, 10, 20, at + 2]],
       [
         [runId, 2, runId, 3, 0, 'artifact', null, sealed(180)],
@@ -126,7 +126,7 @@ describe("the hot path's statements", () => {
     const at = Date.now();
     const sets: Parameters<typeof commonCompletionStatement.with>[0] = [
       runs.map((runId, index) => [runId, index + 1, 'completed', '{"a":"\\u00e9"}', at] as const),
-      runs.map((runId) => [runId, sealed(150), sealed(40), true, sealed(300), false, 'redacted', 5, 4] as const),
+      runs.map((runId) => [runId, sealed(150), sealed(40), true, sealed(300), false, 'redacted', 5, 4, null] as const),
       runs.map((runId) => [runId, 'worker-2', 'completed', false, 2, 1, 30, 40, null] as const),
       runs.map((runId) => [runId, 4, runId, 5, 0, 'status', 'TASK_STATE_COMPLETED', sealed(220)] as const),
       runs.map((runId) => `${runId} 4 1`),
