@@ -83,14 +83,14 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
   with(sets: Sets): Q {
     if (sets.length !== this.shapes.length) throw new Error(`same-text statement: ${sets.length} row sets for ${this.shapes.length}`);
     const columns = sets.map((rows, set) => {
-      const width = this.shapes[set]!;
-      if (width === 'list') return [rows];
-      const transposed: unknown[][] = Array.from({ length: width }, () => new Array<unknown>(rows.length));
+      const shape = this.shapes[set]!;
+      if (shape === 'list') return [rows];
+      const transposed: unknown[][] = Array.from({ length: shape }, () => new Array<unknown>(rows.length));
       for (let row = 0; row < rows.length; row += 1) {
         const cells = rows[row] as readonly unknown[];
         // As slonik's unnest does: a row of another width is a programming error.
-        if (cells.length !== width) throw new Error(`same-text statement: a row of set ${set} has ${cells.length} cells, not ${width}`);
-        for (let column = 0; column < width; column += 1) transposed[column]![row] = cells[column];
+        if (cells.length !== shape) throw new Error(`same-text statement: a row of set ${set} has ${cells.length} cells, not ${shape}`);
+        for (let column = 0; column < shape; column += 1) transposed[column]![row] = cells[column];
       }
       return transposed;
     });

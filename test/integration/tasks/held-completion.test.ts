@@ -10,6 +10,7 @@ import { cancelRun, getRun } from '../../../src/runs/run-repository.js';
 import { completeHeldRuns } from '../../../src/tasks/complete-held-runs.js';
 import type { CompletionInput } from '../../../src/tasks/complete-run.js';
 import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
+import { countTasks } from '../../../src/tasks/task-counts.js';
 import { createTasksInNewContexts, heldRowsOfFastRun, type TaskCreation } from '../../../src/tasks/task-creation.js';
 import { getTaskRowById, recordAgentStatusMessage, sealTaskHistory } from '../../../src/tasks/task-repository.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
@@ -134,15 +135,17 @@ describe('a fast run whose rows are as its insert left them', () => {
     const tasks = await db.pool.any(sql.type(z.object({ state: z.string(), projected_state: z.string() }))`
       SELECT state, projected_state FROM a2a_tasks WHERE id = ANY(${sql.array(ids, 'uuid')})`);
     expect(tasks).toEqual(ids.map(() => ({ state: 'TASK_STATE_COMPLETED', projected_state: 'TASK_STATE_COMPLETED' })));
-    for (const id of ids) expect((await stampsOf(id)).task_status).toBe((await stampsOf(id)).run_changed);
+    for (const id of ids) {
+      const stamps = await stampsOf(id);
+      expect(stamps.task_status).toBe(stamps.run_changed);
+    }
     // Counted once each: three more WORKING → COMPLETED moves, and the counts agree.
     const moved = (rows: ReadonlyArray<{ state: string; from_state: string | null; n: number }>) =>
       rows.find((row) => row.state === 'TASK_STATE_COMPLETED' && row.from_state === 'TASK_STATE_WORKING')?.n ?? 0;
     expect(moved(await deltas()) - moved(movedBefore)).toBe(3);
-    const counted = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
-      SELECT coalesce(sum(CASE WHEN state = 'TASK_STATE_COMPLETED' THEN n ELSE 0 END) - sum(CASE WHEN from_state = 'TASK_STATE_COMPLETED' THEN n ELSE 0 END), 0)::int AS n
-      FROM a2a_task_count_deltas WHERE owner = ${owner}`);
-    const stored = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_tasks WHERE owner = ${owner} AND state = 'TASK_STATE_COMPLETED'`);
+    const counted = await countTasks(db.pool, { owner, agent: 'echo', state: 'TASK_STATE_COMPLETED' });
+    const stored = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
+      SELECT count(*)::int AS n FROM a2a_tasks WHERE owner = ${owner} AND agent = 'echo' AND state = 'TASK_STATE_COMPLETED'`);
     expect(counted).toBe(stored);
   });
 });
