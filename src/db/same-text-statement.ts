@@ -1,4 +1,5 @@
 import type { QuerySqlToken } from 'slonik';
+import { isBinaryElementType, toBinaryArray, type BinaryElementType } from './binary-array.js';
 
 // The hot path's batch statements have one text for any batch: their rows go in as arrays through
 // unnest (decision 0030). slonik still builds that text again on every call, renumbering the
@@ -23,15 +24,30 @@ function marker(set: number, column: number): string {
   return `${MARKER}${set}:${column}`;
 }
 
-type Slot = { kind: 'constant'; value: unknown } | { kind: 'column'; set: number; column: number };
+type Slot = { kind: 'constant'; value: unknown } | { kind: 'column'; set: number; column: number; binary: BinaryElementType | null };
 
 const MARKED_PLACE = /^(\d+):(\d+)$/;
 
-/** The column a built value holds: an array of exactly one marker, as it was. Anything else is a constant of the statement. */
-function slotOf(value: unknown): Slot {
+/** The element type slonik casts each array placeholder to (`$slonik_3::"uuid"[]`), by value index. */
+function arrayCasts(text: string): Map<number, string> {
+  return new Map([...text.matchAll(/\$slonik_(\d+)::"([a-z0-9_]+)"\[\]/g)].map((cast) => [Number(cast[1]) - 1, cast[2]!]));
+}
+
+/**
+ * The column a built value holds: an array of exactly one marker, as it was. Anything else is a
+ * constant of the statement. A column whose placeholder is cast to an array of a type
+ * binary-array.ts encodes is sent in the binary format (decision 0037).
+ */
+function slotOf(value: unknown, cast: string | undefined): Slot {
   const cell = Array.isArray(value) && value.length === 1 && typeof value[0] === 'string' && value[0].startsWith(MARKER) ? value[0].slice(MARKER.length) : null;
   const place = cell === null ? null : MARKED_PLACE.exec(cell);
-  return place === null ? { kind: 'constant', value } : { kind: 'column', set: Number(place[1]), column: Number(place[2]) };
+  if (place === null) return { kind: 'constant', value };
+  return { kind: 'column', set: Number(place[1]), column: Number(place[2]), binary: cast !== undefined && isBinaryElementType(cast) ? cast : null };
+}
+
+/** A column's values as they go out: a binary array where its type allows, else the JS array node-postgres writes as text. */
+function columnValue(slot: Extract<Slot, { kind: 'column' }>, values: readonly unknown[]): unknown {
+  return (slot.binary === null ? null : toBinaryArray(slot.binary, values)) ?? values;
 }
 
 function mentionsMarker(value: unknown): boolean {
@@ -61,7 +77,8 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
     ) as unknown as Sets;
     this.template = build(probe);
     if (this.template.sql.includes(MARKER)) throw new Error('same-text statement: a cell was written into the text');
-    this.slots = this.template.values.map(slotOf);
+    const casts = arrayCasts(this.template.sql);
+    this.slots = this.template.values.map((value, index) => slotOf(value, casts.get(index)));
     const found = new Set<string>();
     for (const [index, slot] of this.slots.entries()) {
       if (slot.kind === 'constant') {
@@ -81,6 +98,15 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
 
   /** The statement for these rows: the text built once, each column where its marker was. */
   with(sets: Sets): Q {
+    return this.place(sets, columnValue);
+  }
+
+  /** `with`, every column a JS array that node-postgres writes as a text literal, as before decision 0037 (bench:columns compares the two). */
+  withColumnsAsText(sets: Sets): Q {
+    return this.place(sets, (_slot, values) => values);
+  }
+
+  private place(sets: Sets, send: (slot: Extract<Slot, { kind: 'column' }>, values: readonly unknown[]) => unknown): Q {
     if (sets.length !== this.shapes.length) throw new Error(`same-text statement: ${sets.length} row sets for ${this.shapes.length}`);
     const columns = sets.map((rows, set) => {
       const shape = this.shapes[set]!;
@@ -94,12 +120,20 @@ export class SameTextStatement<Sets extends RowSets, Q extends QuerySqlToken> {
       }
       return transposed;
     });
-    const values = this.slots.map((slot) => (slot.kind === 'constant' ? slot.value : columns[slot.set]![slot.column]!));
+    const values = this.slots.map((slot) => (slot.kind === 'constant' ? slot.value : send(slot, columns[slot.set]![slot.column]!)));
     return { ...this.template, values: values as Q['values'] };
   }
 
-  /** The statement as slonik builds it for the same rows, fragment by fragment (the equivalence tests compare the two). */
+  /**
+   * The statement as slonik builds it for the same rows, fragment by fragment, with its columns sent
+   * the way `with` sends them (the equivalence tests compare the two).
+   */
   builtBySlonik(sets: Sets): Q {
-    return this.build(sets);
+    const built = this.build(sets);
+    const values = built.values.map((value, index) => {
+      const slot = this.slots[index];
+      return slot?.kind === 'column' && Array.isArray(value) ? columnValue(slot, value) : value;
+    });
+    return { ...built, values: values as Q['values'] };
   }
 }

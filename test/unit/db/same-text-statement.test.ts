@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { sql } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { toBinaryArray } from '../../../src/db/binary-array.js';
 import { SameTextStatement } from '../../../src/db/same-text-statement.js';
 import { creationStatement } from '../../../src/tasks/task-creation.js';
 import { heldCompletionStatement } from '../../../src/tasks/complete-held-runs.js';
@@ -47,8 +48,9 @@ describe('SameTextStatement', () => {
       texts.add(fast.sql);
     }
     expect(texts.size).toBe(1);
-    // The constants stay where they were: the scalar and the constant array.
-    expect(statement.with(batches[1]!).values).toEqual([['a'], [1], ['x'], 'constant', [1, 2]]);
+    // The constants stay where they were: the scalar and the constant array. The columns go in
+    // Postgres's binary array format (decision 0037).
+    expect(statement.with(batches[1]!).values).toEqual([toBinaryArray('text', ['a']), toBinaryArray('int4', [1]), toBinaryArray('text', ['x']), 'constant', [1, 2]]);
   });
 
   it('refuses a build that computes from a cell, puts one into the text, or uses one twice', () => {
@@ -96,6 +98,7 @@ describe("the hot path's statements", () => {
     const built = creationStatement.builtBySlonik(sets);
     expect(fast.sql).toBe(built.sql);
     expect(fast.values).toEqual(built.values);
+    expect(fast.values.filter(Array.isArray), 'every column goes as a binary array').toEqual([]);
   });
 
   it('the held completion statement is what slonik builds from the same rows', () => {
@@ -119,6 +122,7 @@ describe("the hot path's statements", () => {
     const built = heldCompletionStatement.builtBySlonik(sets);
     expect(fast.sql).toBe(built.sql);
     expect(fast.values).toEqual(built.values);
+    expect(fast.values.filter(Array.isArray), 'every column goes as a binary array; the one array left is a constant of the text').toEqual([['running']]);
   });
 
   it("the completion transaction's writing statement is what slonik builds from the same rows", () => {
@@ -135,5 +139,6 @@ describe("the hot path's statements", () => {
     const built = commonCompletionStatement.builtBySlonik(sets);
     expect(fast.sql).toBe(built.sql);
     expect(fast.values).toEqual(built.values);
+    expect(fast.values.filter(Array.isArray), 'every column goes as a binary array; the one array left is a constant of the text').toEqual([['running']]);
   });
 });
