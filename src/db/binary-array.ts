@@ -95,7 +95,8 @@ const CODECS: Record<BinaryElementType, Codec> = {
       out.writeUInt32BE(value - high * TWO_32, at + 4);
     },
   },
-  float8: { measure: (value) => (typeof value === 'number' ? 8 : NOT_ENCODED), write: (out, value: number, _bytes, at) => void out.writeDoubleBE(value, at) },
+  // -0 as +0: node-postgres writes String(-0), "0".
+  float8: { measure: (value) => (typeof value === 'number' ? 8 : NOT_ENCODED), write: (out, value: number, _bytes, at) => void out.writeDoubleBE(value === 0 ? 0 : value, at) },
   bool: {
     measure: (value) => (typeof value === 'boolean' ? 1 : NOT_ENCODED),
     write: (out, value: boolean, _bytes, at) => {

@@ -39,9 +39,9 @@ const cases: Array<[BinaryElementType, unknown[]]> = [
   ['text', ['plain', '', 'quote " backslash \\ brace { } comma ,', 'NULL', null, 'é 漢字 🙂', ' lead and trail ', 'long '.repeat(40), 'lång '.repeat(40)]],
   ['jsonb', ['{"a":"b\\"c","n":[1,2.5,null],"u":"\\u00e9"}', '"just a string"', '12', 'null', null, '{}', JSON.stringify({ long: 'é'.repeat(100), list: Array.from({ length: 30 }, (_, n) => n) })]],
   ['uuid', ['0b5a1c9e-9f7e-4d0a-8a61-2f3c4d5e6f70', 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', null]],
-  ['int4', [0, 1, -1, 2 ** 31 - 1, -(2 ** 31), null]],
+  ['int4', [0, -0, 1, -1, 2 ** 31 - 1, -(2 ** 31), null]],
   ['int8', [0, -1, Number.MAX_SAFE_INTEGER, Number.MIN_SAFE_INTEGER, 1_796_194_320_594, null]],
-  ['float8', [0, -0.5, 1.7e308, 5e-324, Date.now() + 0.25, Infinity, -Infinity, NaN, null]],
+  ['float8', [0, -0, -0.5, 1.7e308, 5e-324, Date.now() + 0.25, Infinity, -Infinity, NaN, null]],
   ['bool', [true, false, null]],
 ];
 
