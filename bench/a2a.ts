@@ -1,4 +1,4 @@
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, platform, tmpdir, totalmem } from 'node:os';
@@ -11,6 +11,7 @@ import { encodeMasterKey, generateMasterKey } from '../src/sealing/master-key.js
 import {
   A2A_HEADERS,
   databaseName,
+  clockTicks,
   dropRedisKeys,
   envKnobs,
   freePort,
@@ -20,6 +21,7 @@ import {
   judgeSend,
   machineLine,
   ManagedChild,
+  procStat,
   redisUrl,
   repoRoot,
   rpcBody,
@@ -601,34 +603,11 @@ class DatabaseProbe {
 // ---------------------------------------------------------------------------------------------
 // CPU per task (BENCH_CPU=1): utime+stime of every process taking part, from /proc.
 
-/** Clock ticks per second of /proc/<pid>/stat (USER_HZ). */
-const clockTicks = (() => {
-  if (!cpuEnabled) return 100;
-  try {
-    const value = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
-    return Number.isInteger(value) && value > 0 ? value : 100;
-  } catch {
-    return 100;
-  }
-})();
-
 /** The order groups are printed in. */
 const CPU_GROUPS = ['sdk server', 'keel', 'keel api', 'keel worker', 'postgres', 'postgres bg', 'redis', 'load generator'];
 
-/** utime+stime of a process (all its threads) and when it started, both in clock ticks (the latter since boot); null once it is gone. */
-function procStat(pid: number): { ticks: number; startTicks: number } | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // The command name (field 2) is in parentheses and may hold spaces: count from after it (field 3 at index 0).
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return { ticks: Number(fields[11]) + Number(fields[12]), startTicks: Number(fields[19]) };
-  } catch {
-    return null;
-  }
-}
-
 function uptimeTicks(): number {
-  return Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]) * clockTicks;
+  return Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]) * clockTicks();
 }
 
 /** The redis-server processes of BENCH_REDIS_URL's port on this machine, by their command line ("redis-server 127.0.0.1:6379"). */
@@ -713,7 +692,7 @@ class CpuMeter {
       this.running = false;
       const ms: Record<string, number> = {};
       for (const name of this.groupNames) ms[name] = 0;
-      for (const item of this.pids.values()) ms[item.group] = (ms[item.group] ?? 0) + ((item.last - item.base) * 1000) / clockTicks;
+      for (const item of this.pids.values()) ms[item.group] = (ms[item.group] ?? 0) + ((item.last - item.base) * 1000) / clockTicks();
       ms['load generator'] = (own.user + own.system) / 1000;
       const ordered = Object.fromEntries(Object.entries(ms).sort(([a], [b]) => cpuGroupRank(a) - cpuGroupRank(b)));
       return { spanMs: endedAt - this.startedAt, tasks: this.tasksBetween(this.startedAt, endedAt), ms: ordered };

@@ -1,9 +1,9 @@
 import { randomBytes, randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import pg from 'pg';
+import { arrayCasts } from '../src/db/same-text-statement.js';
 import { heldCompletionStatement } from '../src/tasks/complete-held-runs.js';
 import { creationStatement } from '../src/tasks/task-creation.js';
-import { envKnobs, machineLine, postgresVersion } from './keel-harness.js';
+import { clockTicks, envKnobs, machineLine, postgresVersion, procStat } from './keel-harness.js';
 import { ADMIN_URL, fmt } from './support.js';
 
 // bench:columns — what it costs to hand a batch's columns to Postgres, as text literals (a JS array
@@ -63,8 +63,9 @@ function heldCompletionRows(): Parameters<typeof heldCompletionStatement.with>[0
 
 /** utime + stime of a process on this machine, in ms. */
 function cpuMs(pid: number): number {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+  const stat = procStat(pid);
+  if (stat === null) throw new Error(`bench:columns: process ${pid} is not on this machine (or is gone): Postgres must run here`);
+  return (stat.ticks * 1000) / clockTicks();
 }
 
 type Way = 'text' | 'binary';
@@ -74,7 +75,7 @@ type Built = { sql: string; values: readonly unknown[] };
 async function measure<S>(client: pg.Client, backendPid: number, name: string, statement: { with: (sets: S) => Built; withColumnsAsText: (sets: S) => Built }, sets: S) {
   // The statement's array parameters, by the casts slonik wrote; the rest (the NOTIFY channel) is left out.
   const { sql: text } = statement.with(sets);
-  const casts = [...text.matchAll(/\$slonik_(\d+)::"([a-z0-9_]+)"\[\]/g)].map((cast) => ({ index: Number(cast[1]) - 1, type: cast[2]! }));
+  const casts = [...arrayCasts(text)].map(([index, type]) => ({ index, type }));
   const counting = `SELECT ${casts.map((cast, at) => `cardinality($${at + 1}::${cast.type}[])`).join(' + ')} AS elements`;
   const results: Record<Way, { node: number[]; postgres: number[] }> = { text: { node: [], postgres: [] }, binary: { node: [], postgres: [] } };
   for (let round = 0; round < rounds; round += 1) {

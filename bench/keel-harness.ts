@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
@@ -431,6 +431,36 @@ export async function withAdmin<T>(fn: (client: pg.Client) => Promise<T>, adminU
     return await fn(client);
   } finally {
     await client.end();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU time of processes on this machine, from /proc (Linux only).
+
+let clockTicksRead: number | undefined;
+
+/** Clock ticks per second of /proc/<pid>/stat (USER_HZ), read once. */
+export function clockTicks(): number {
+  if (clockTicksRead === undefined) {
+    try {
+      const value = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+      clockTicksRead = Number.isInteger(value) && value > 0 ? value : 100;
+    } catch {
+      clockTicksRead = 100;
+    }
+  }
+  return clockTicksRead;
+}
+
+/** utime+stime of a process (all its threads) and when it started, both in clock ticks (the latter since boot); null once it is gone. */
+export function procStat(pid: number): { ticks: number; startTicks: number } | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it (field 3 at index 0).
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return { ticks: Number(fields[11]) + Number(fields[12]), startTicks: Number(fields[19]) };
+  } catch {
+    return null;
   }
 }
 

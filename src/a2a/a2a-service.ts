@@ -24,7 +24,6 @@ import {
   ensureContext,
   getTaskRow,
   insertTask,
-  isUuid,
   listTaskRows,
   openSealed,
   recordClientReply,
@@ -47,6 +46,7 @@ import {
   type Task,
   type WireMessage,
 } from '../protocol/wire.js';
+import { isUuid } from '../db/uuid.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:

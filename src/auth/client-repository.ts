@@ -3,6 +3,7 @@ import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods }
 import { z } from 'zod';
 import { generateClientToken, hashClientToken, looksLikeClientToken, tokenHint } from './client-token.js';
 import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from './token-row.js';
+import { isUuid } from '../db/uuid.js';
 
 // The `clients` table (sql/0003_clients.sql): inbound A2A clients and their hashed tokens. A token
 // is shown once, by createClient, and never stored; expected failures are values, not exceptions.
@@ -64,14 +65,12 @@ export async function listClients(db: Db, options: { includeRevoked?: boolean } 
   return rows.map(toTokenHolderInfo);
 }
 
-const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
 /**
  * The client `nameOrId` designates: an id; else the active client of that name; else the most
  * recently created revoked one (so that revoking it again says `already_revoked`).
  */
 export async function findClient(db: Db, nameOrId: string): Promise<ClientInfo | null> {
-  const id = UUID_PATTERN.test(nameOrId) ? nameOrId.toLowerCase() : null;
+  const id = isUuid(nameOrId) ? nameOrId.toLowerCase() : null;
   const byId = sql.fragment`coalesce(id = ${id}::uuid, false)`;
   const row = await db.maybeOne(sql.type(tokenHolderRow)`
     SELECT ${tokenHolderColumns} FROM clients

@@ -6,11 +6,10 @@ import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
 import { withCommandContext } from './command-context.js';
 import { CliExit, EXIT, formatTime, loadConfigOrExit, printTable, withDatabase, type GlobalOptions } from './cli-support.js';
-
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+import { isUuid } from '../db/uuid.js';
 
 function requireRunId(id: string): string {
-  if (!UUID.test(id)) throw new CliExit(EXIT.usage, `"${id}" is not a run id (expected a UUID)`);
+  if (!isUuid(id)) throw new CliExit(EXIT.usage, `"${id}" is not a run id (expected a UUID)`);
   return id.toLowerCase();
 }
 

@@ -8,6 +8,8 @@
 // the JS type that encodes exactly as the text path would: anything else returns null and the
 // caller sends the array as before, so Postgres reads (or refuses) it the way it always did.
 
+import { isUuid } from './uuid.js';
+
 /** Element type OIDs (pg_type.oid), fixed since Postgres 8.3. */
 const ELEMENT_OIDS = { bool: 16, int8: 20, int4: 23, text: 25, float8: 701, uuid: 2950, bytea: 17, jsonb: 3802 } as const;
 
@@ -44,10 +46,9 @@ function writeString(out: Buffer, value: string, bytes: number, at: number): voi
 }
 
 // uuid_in also takes braces, no hyphens and other hyphen placements; those go the text way.
-const CANONICAL_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const UUID_HYPHENS = new Set([8, 13, 18, 23]);
 
-/** Each hex digit's value by its char code (the others are never looked up: the uuid matched CANONICAL_UUID). */
+/** Each hex digit's value by its char code (the others are never looked up: the string passed isUuid). */
 const HEX_VALUES = new Uint8Array(128);
 for (const [digits, first] of [['0123456789', 0], ['abcdef', 10], ['ABCDEF', 10]] as const) {
   for (let index = 0; index < digits.length; index += 1) HEX_VALUES[digits.charCodeAt(index)] = first + index;
@@ -81,7 +82,7 @@ const CODECS: Record<BinaryElementType, Codec> = {
       writeString(out, value, bytes - 1, at + 1);
     },
   },
-  uuid: { measure: (value) => (typeof value === 'string' && CANONICAL_UUID.test(value) ? 16 : NOT_ENCODED), write: (out, value: string, _bytes, at) => writeUuid(out, value, at) },
+  uuid: { measure: (value) => (typeof value === 'string' && isUuid(value) ? 16 : NOT_ENCODED), write: (out, value: string, _bytes, at) => writeUuid(out, value, at) },
   int4: {
     measure: (value) => (typeof value === 'number' && Number.isInteger(value) && value >= INT4_MIN && value <= INT4_MAX ? 4 : NOT_ENCODED),
     write: (out, value: number, _bytes, at) => void out.writeInt32BE(value, at),

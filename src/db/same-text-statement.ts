@@ -29,7 +29,7 @@ type Slot = { kind: 'constant'; value: unknown } | { kind: 'column'; set: number
 const MARKED_PLACE = /^(\d+):(\d+)$/;
 
 /** The element type slonik casts each array placeholder to (`$slonik_3::"uuid"[]`), by value index. */
-function arrayCasts(text: string): Map<number, string> {
+export function arrayCasts(text: string): Map<number, string> {
   return new Map([...text.matchAll(/\$slonik_(\d+)::"([a-z0-9_]+)"\[\]/g)].map((cast) => [Number(cast[1]) - 1, cast[2]!]));
 }
 

@@ -7,6 +7,7 @@ import type { DatabasePool } from 'slonik';
 import { credentialMatches, getRegistration, storeCallback } from './dependency-repository.js';
 import { inboxJobId } from '../queue/job-ids.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
+import { isUuid } from '../db/uuid.js';
 
 // POST /a2a/inbox/:registrationId — where remote agents push their task events for Keel's own
 // dependencies. Only the registration's Bearer credential is accepted (X-A2A-Notification-Token is
@@ -14,7 +15,6 @@ import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 // stored durably within its bounds before the 2xx, and a worker reconciles by asking the remote.
 
 const KINDS = ['task', 'message', 'statusUpdate', 'artifactUpdate'] as const;
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const RETRY_AFTER_SECONDS = '5';
 
 export type InboxDeps = { pool: DatabasePool; sealer: Sealer; queues: KeelQueues; config: KeelConfig; logger: KeelLogger };
@@ -34,7 +34,7 @@ export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void
     const { registrationId } = request.params;
     const header = request.headers.authorization;
     const match = typeof header === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
-    if (!match || !UUID.test(registrationId)) return unauthorized();
+    if (!match || !isUuid(registrationId)) return unauthorized();
     const registration = await getRegistration(deps.pool, registrationId);
     if (!registration || !credentialMatches(match[1]!, registration.credential_hash)) return unauthorized();
 

@@ -7,6 +7,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../protocol/wire.js';
 import { failureMetadata, failureStatusMessage } from './failure-status.js';
 import { countTasks } from './task-counts.js';
+import { isUuid } from '../db/uuid.js';
 
 // a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the
 // run's status (a trigger, same transaction); content columns are sealed at the task's answer
@@ -159,7 +160,6 @@ export async function getTaskRowById(db: CommonQueryMethods, taskId: string): Pr
   return db.maybeOne(sql.type(taskRow)`${TASK_SELECT} WHERE t.id = ${taskId}`);
 }
 
-export const isUuid = (value: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(value);
 
 export function openSealed<T>(sealer: Sealer, taskId: string, column: 'status_message' | 'artifacts' | 'history', value: Buffer | null, fallback: T): T {
   if (value === null) return fallback;

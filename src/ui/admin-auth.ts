@@ -3,6 +3,7 @@ import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods }
 import { z } from 'zod';
 import { hashClientToken, TOKEN_HINT_LENGTH } from '../auth/client-token.js';
 import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from '../auth/token-row.js';
+import { isUuid } from '../db/uuid.js';
 
 // Admin tokens and the browser sessions they open (sql/0008_admin_tokens.sql). Tokens follow the
 // client-token pattern (src/auth/client-token.ts): 256 random bits, a recognisable prefix, only
@@ -56,15 +57,15 @@ export async function listAdminTokens(db: CommonQueryMethods, includeRevoked: bo
 /** Revokes a token by id, or by name when exactly one live token has it; its sessions end with it. */
 export async function revokeAdminToken(db: CommonQueryMethods, reference: string): Promise<{ ok: true; info: AdminTokenInfo } | { ok: false; reason: 'not_found' | 'ambiguous' }> {
   return db.transaction(async (transaction) => {
-    const isUuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(reference);
+    const byId = isUuid(reference);
     const rows = await transaction.any(sql.type(tokenHolderRow)`
       UPDATE admin_tokens SET revoked_at = now()
-      WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}
-        AND (SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}) = 1
+      WHERE revoked_at IS NULL AND ${byId ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}
+        AND (SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL AND ${byId ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}) = 1
       RETURNING ${tokenHolderColumns}`);
     if (rows.length === 0) {
       const live = await transaction.oneFirst(sql.type(z.object({ n: z.number() }))`
-        SELECT count(*)::int AS n FROM admin_tokens WHERE revoked_at IS NULL AND ${isUuid ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}`);
+        SELECT count(*)::int AS n FROM admin_tokens WHERE revoked_at IS NULL AND ${byId ? sql.fragment`id = ${reference}` : sql.fragment`name = ${reference}`}`);
       return { ok: false as const, reason: live > 1 ? ('ambiguous' as const) : ('not_found' as const) };
     }
     await transaction.query(sql.unsafe`DELETE FROM admin_sessions WHERE token_id = ${rows[0]!.id}`);

@@ -47,6 +47,7 @@ import {
   taskOfRun,
   type RunFilter,
 } from './ui-queries.js';
+import { isUuid } from '../db/uuid.js';
 
 // The operator web UI under /ui. Every route but the login form needs a session opened with an
 // admin token: without one, pages redirect to the login form and everything else (the counts API,
@@ -65,7 +66,6 @@ export type OperatorUiDeps = {
 };
 
 export const SESSION_COOKIE = 'keel_ui_session';
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 const LIST_LIMIT = 200;
 
@@ -285,12 +285,12 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   };
   scope.get('/api/counts', async () => liveCounts());
   scope.get<{ Params: { id: string } }>('/api/runs/:id/version', async (request, reply) => {
-    if (!UUID.test(request.params.id)) return reply.code(404).send({ error: 'not found' });
+    if (!isUuid(request.params.id)) return reply.code(404).send({ error: 'not found' });
     const version = await runVersion(pool, request.params.id);
     return version === null ? reply.code(404).send({ error: 'not found' }) : { version };
   });
   scope.get<{ Params: { taskId: string; configId: string } }>('/api/push/:taskId/:configId/version', async (request, reply) => {
-    if (!UUID.test(request.params.taskId)) return reply.code(404).send({ error: 'not found' });
+    if (!isUuid(request.params.taskId)) return reply.code(404).send({ error: 'not found' });
     const version = await pushConfigVersion(pool, request.params.taskId, request.params.configId);
     return version === null ? reply.code(404).send({ error: 'not found' }) : { version };
   });
@@ -342,7 +342,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
     const id = request.params.id.toLowerCase();
     // The version first: whatever changes after it is read makes the page reload, so the page
     // never keeps showing a state older than the version it polls against.
-    const version = UUID.test(id) ? await runVersion(pool, id) : null;
+    const version = isUuid(id) ? await runVersion(pool, id) : null;
     const run = version !== null ? await getRun(pool, id) : null;
     if (!run) return sendPage(request, reply, { title: 'Not found', nav: 'runs' }, errorContent('Not found', 'No such run (it may have been purged).'), 404);
     const task = run.task_id ? await taskOfRun(pool, run.task_id) : null;
@@ -395,7 +395,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
     const body = (request.body ?? {}) as Record<string, unknown>;
     const digest = typeof body.digest === 'string' ? body.digest.trim().toLowerCase() : '';
     const decision = body.decision;
-    if (!UUID.test(id) || !/^[0-9a-f]{64}$/.test(digest) || (decision !== 'approve' && decision !== 'deny')) {
+    if (!isUuid(id) || !/^[0-9a-f]{64}$/.test(digest) || (decision !== 'approve' && decision !== 'deny')) {
       return reply.redirect('/ui/approvals?flash=bad_request', 303);
     }
     const session = sessions.get(request)!;
@@ -414,8 +414,8 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   scope.get<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId', async (request, reply) => {
     const { taskId, configId } = request.params;
     // The version first, as for a run page.
-    const version = UUID.test(taskId) ? await pushConfigVersion(pool, taskId, configId) : null;
-    const found = UUID.test(taskId) ? await findPushConfigs(pool, `${taskId}/${configId}`) : [];
+    const version = isUuid(taskId) ? await pushConfigVersion(pool, taskId, configId) : null;
+    const found = isUuid(taskId) ? await findPushConfigs(pool, `${taskId}/${configId}`) : [];
     if (found.length !== 1) return sendPage(request, reply, { title: 'Not found', nav: 'push' }, errorContent('Not found', 'No such push config.'), 404);
     const { deliveries, attempts } = await deliveriesOfConfig(pool, taskId, configId);
     return sendPage(
@@ -428,7 +428,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
 
   scope.post<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId/resume', async (request, reply) => {
     const { taskId, configId } = request.params;
-    if (!UUID.test(taskId)) return reply.redirect('/ui/push?flash=not_found', 303);
+    if (!isUuid(taskId)) return reply.redirect('/ui/push?flash=not_found', 303);
     const result = await resumePushConfig({ pool, queues }, taskId, configId);
     log.info({ taskId, configId, operator: sessions.get(request)!.tokenName, ok: result.ok }, 'operator resumed a push config');
     const back = `/ui/push/${encodeURIComponent(taskId)}/${encodeURIComponent(configId)}`;
