@@ -50,7 +50,8 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //               for the Redis queue, one Redis); the load generator's clients are spread over both
 //               APIs, round-robin per client (client i always talks to API i mod 2).
 // The load: blocking SendMessage over JSON-RPC, a new task per request, N concurrent clients (each
-// with a connection of its own: N truly concurrent requests), a warm-up, then a measured window.
+// with a connection of its own: N truly concurrent requests). Each target first serves the same
+// unmeasured load (the server warm-up), then each concurrency has a warm-up and a measured window.
 // Every server runs in child processes of its own, one target at a time, so neither the load
 // generator nor another server shares its event loop. Every target run gets a fresh database (and a
 // fresh Redis key prefix). Prints one table and, as its last line, a JSON document with every
@@ -61,6 +62,9 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //   BENCH_SECONDS          measured seconds per target and concurrency (10)
 //   BENCH_WARMUP_SECONDS   warm-up seconds before each measurement (2); the window opens later when
 //                          some client has not had its first answer by then (at most 30 s later)
+//   BENCH_SERVER_WARMUP_SECONDS  seconds of unmeasured load at concurrency 32 for each target once,
+//                          before its first measurement (5; 0: none), so that no phase measures a
+//                          server whose code V8 is still compiling (see warmServer)
 //   BENCH_CONCURRENCY      concurrent clients, or a list: "1,32,256" (32)
 //   BENCH_ROUNDS           repeat the whole sequence of targets this many times and report the
 //                          median (1); on a machine with other work going on, 3 gives steadier ratios
@@ -193,6 +197,9 @@ const fail = knobs.fail;
 const keelBin = join(repoRoot, 'bin/keel.js');
 const seconds = knobs.positive('BENCH_SECONDS', 10);
 const warmupSeconds = knobs.nonNegative('BENCH_WARMUP_SECONDS', 2);
+const serverWarmupSeconds = knobs.nonNegative('BENCH_SERVER_WARMUP_SECONDS', 5);
+/** The server warm-up's clients: the concurrency the targets are compared at. */
+const SERVER_WARMUP_CONCURRENCY = 32;
 const rounds = knobs.positiveInt('BENCH_ROUNDS', 1);
 let currentRound = 1;
 const concurrencies = knobs.list('BENCH_CONCURRENCY', '32').map((item) => {
@@ -276,14 +283,10 @@ type LoadTarget = {
   statements?: () => Promise<number>;
 };
 
-async function measure(target: LoadTarget, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
-  // Client i talks to origin i mod n, over a connection of its own: one pool per origin with as many
-  // connections as it has clients, no pipelining, so `concurrency` requests are truly in flight at
-  // once (undici's default Agent, and fetch, would cap nothing here either, but a pool sized by hand
-  // makes it visible: peakInFlight, peakQueued and peakConnections below).
-  const { origins, path, headers } = target;
+/** One undici pool per origin, with a connection for each of the clients that talk to it (client i to origin i mod n). */
+function clientPools(origins: readonly string[], concurrency: number): Pool[] {
   const clientsOf = origins.map((_, index) => Math.floor(concurrency / origins.length) + (index < concurrency % origins.length ? 1 : 0));
-  const pools = origins.map(
+  return origins.map(
     (origin, index) =>
       new Pool(origin, {
         connections: Math.max(1, clientsOf[index]!),
@@ -293,6 +296,47 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
         bodyTimeout: 120_000,
       }),
   );
+}
+
+/**
+ * The same unmeasured load for every target before its first measured phase:
+ * BENCH_SERVER_WARMUP_SECONDS of requests from SERVER_WARMUP_CONCURRENCY clients. Without it the
+ * first phase measures a cold server: V8 still compiling its code (a lone client sends a few hundred
+ * requests in a 2 s warm-up, far fewer than V8 needs to optimize a request's path) and Postgres's
+ * backends still filling their caches and plans; whichever phase came first looked slower. Returns
+ * the requests sent (the whole-run database figures count them).
+ */
+async function warmServer(target: LoadTarget): Promise<number> {
+  if (serverWarmupSeconds === 0) return 0;
+  const pools = clientPools(target.origins, SERVER_WARMUP_CONCURRENCY);
+  const until = performance.now() + serverWarmupSeconds * 1000;
+  let requests = 0;
+  let errors = 0;
+  const client = async (index: number) => {
+    const pool = pools[index % pools.length]!;
+    while (!interrupted.signal.aborted && performance.now() < until) {
+      const { error } = await sendOne(pool, target.path, target.headers);
+      requests += 1;
+      if (error !== null) errors += 1;
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: SERVER_WARMUP_CONCURRENCY }, (_, index) => client(index)));
+  } finally {
+    await Promise.all(pools.map((pool) => pool.close().catch(() => undefined)));
+  }
+  throwIfInterrupted();
+  process.stderr.write(` ${requests} requests${errors > 0 ? `, ${errors} errors` : ''}\n`);
+  return requests;
+}
+
+async function measure(target: LoadTarget, concurrency: number, round: number): Promise<{ measurement: Measurement; requests: number }> {
+  // Client i talks to origin i mod n, over a connection of its own: one pool per origin with as many
+  // connections as it has clients, no pipelining, so `concurrency` requests are truly in flight at
+  // once (undici's default Agent, and fetch, would cap nothing here either, but a pool sized by hand
+  // makes it visible: peakInFlight, peakQueued and peakConnections below).
+  const { path, headers } = target;
+  const pools = clientPools(target.origins, concurrency);
   const probe = target.databaseName ? await DatabaseProbe.open(target.databaseName) : null;
   // BENCH_CPU: the span is the measured window; its tasks, the successes completed in the span.
   const successTimes: number[] = [];
@@ -400,7 +444,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       p99: percentile(latencies, 99),
       errors,
       errorKinds,
-      origins: origins.length,
+      origins: target.origins.length,
       peakInFlight,
       peakQueued,
       peakConnections,
@@ -412,6 +456,10 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
 
 async function runLoad(result: TargetResult, target: LoadTarget): Promise<number> {
   let requests = 0;
+  if (serverWarmupSeconds > 0) {
+    process.stderr.write(`  ${rowLabel(result)}: server warm-up, ${serverWarmupSeconds} s at concurrency ${SERVER_WARMUP_CONCURRENCY}, unmeasured ...`);
+    requests += await warmServer(target);
+  }
   // The commit counter of the bench database, read only when every backend has reported (see settle).
   let commits = target.databaseName && settleSeconds > 0 ? await settle(target.databaseName) : null;
   let statements = commits !== null && target.statements ? await target.statements() : null;
@@ -1112,7 +1160,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   lines.push(machineLine(postgres.version));
   lines.push(postgresLine(postgres));
   lines.push(
-    `load: ${warmupSeconds} s warm-up (longer until every client has had its first answer) + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
+    `load: ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s of server warm-up at concurrency ${SERVER_WARMUP_CONCURRENCY} per target, then ` : ''}${warmupSeconds} s warm-up (longer until every client has had its first answer) + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
       `one target at a time, each in processes of its own; load generator, servers, Postgres${keelQueues.includes('redis') ? ' and Redis' : ''} share the machine; ` +
       `SDK pg pool: ${sdkPoolSize}${anyKeel ? `; Keel auth: ${keelAuthMode}` : ''}`,
   );
@@ -1264,6 +1312,8 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
     machine: { cores: cpus().length, cpu: cpus()[0]?.model.trim(), memoryGiB: round2(totalmem() / 2 ** 30), node: process.version, postgres: postgres.version },
     postgres,
     load: {
+      serverWarmupSeconds,
+      serverWarmupConcurrency: SERVER_WARMUP_CONCURRENCY,
       warmupSeconds,
       seconds,
       rounds,
@@ -1386,7 +1436,7 @@ async function measureAll(): Promise<number> {
   });
   const keelNote = targetKinds.includes('keel') ? `; Keel topologies ${topologies.join(', ')} on queue ${keelQueues.join(', ')}, auth ${keelAuthMode}` : '';
   console.error(
-    `bench:a2a: targets ${targetKinds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${warmupSeconds} s warm-up + ${seconds} s each` +
+    `bench:a2a: targets ${targetKinds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s server warm-up, then ` : ''}${warmupSeconds} s warm-up + ${seconds} s each` +
       `${rounds > 1 ? `; ${rounds} rounds` : ''}${keelNote}; Postgres ${postgres.kind} (max_connections ${postgres.maxConnections})`,
   );
   if (postgres.kind === 'machine' && targetKinds.includes('keel') && topologies.includes('split') && keelQueues.includes('postgres') && postgres.maxConnections < 300) {
