@@ -51,9 +51,9 @@ async function deltasAfter(before: number) {
 }
 
 /** N new tasks (each a context, a queued run and a task row) in one INSERT statement, as a batch of creations would write them. */
-async function createTasksInOneStatement(tasks: ReadonlyArray<{ owner: string; agent: string }>): Promise<string[]> {
+async function createTasksInOneStatement(tasks: ReadonlyArray<{ owner: string; agent: string }>, connection: CommonQueryMethods = db.pool): Promise<string[]> {
   const ids = tasks.map(() => randomUUID());
-  await db.pool.query(sql.unsafe`
+  await connection.query(sql.unsafe`
     WITH input AS (
       SELECT * FROM ${sql.unnest(tasks.map((task, index) => [ids[index]!, task.owner, task.agent]), ['uuid', 'uuid', 'text'])} AS i(id, owner, agent)
     ), new_contexts AS (
@@ -150,6 +150,40 @@ describe('task-count deltas are appended per statement and key', () => {
     ]);
     expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'echo' })).toBe(0);
     expect(await countTasks(db.pool, { owner: otherOwner, agent: 'other' })).toBe(0);
+  });
+});
+
+describe('the runs trigger finds each task by its primary key (sql/0019)', () => {
+  it('a session whose first update of runs came while the tables were small reads no task sequentially once they have grown', async () => {
+    // A database of its own: the session's first update of runs must come while it is nearly empty.
+    const fresh = await createTestDatabase();
+    try {
+      await fresh.pool.connect(async (session) => {
+        const echoTasks = (n: number) => Array.from({ length: n }, () => ({ owner: ANONYMOUS, agent: 'echo' }));
+        // The session's first update of runs moves 32 tasks of 40: PL/pgSQL plans the trigger's
+        // statement now and keeps that plan for the session.
+        await createTasksInOneStatement(echoTasks(40), session);
+        expect(await claimQueuedRuns(session, 32, worker)).toHaveLength(32);
+        await createTasksInOneStatement(echoTasks(3_000), session);
+        const taskScans = (connection: CommonQueryMethods) =>
+          connection.one(sql.type(z.object({ scans: z.number(), rows: z.number() }))`
+            SELECT seq_scan::int AS scans, seq_tup_read::int AS rows FROM pg_stat_xact_user_tables WHERE relname = 'a2a_tasks'`);
+        const claimed = await session.transaction(async (transaction) => {
+          const before = await taskScans(transaction);
+          const runs = await claimQueuedRuns(transaction, 5, worker);
+          for (const run of runs) expect(await renewLease(transaction, run.id, worker)).toBe(true);
+          // Counted for this transaction only: the claim and the renewals read no task but by its key.
+          expect(await taskScans(transaction)).toEqual(before);
+          return runs;
+        });
+        expect(claimed).toHaveLength(5);
+        for (const run of claimed) expect((await session.one(sql.type(z.object({ state: z.string() }))`SELECT state FROM a2a_tasks WHERE id = ${run.id}`)).state).toBe('TASK_STATE_WORKING');
+        expect(await countTasks(session, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_WORKING' })).toBe(37);
+        expect(await countTasks(session, { owner: ANONYMOUS, agent: 'echo', state: 'TASK_STATE_SUBMITTED' })).toBe(3_003);
+      });
+    } finally {
+      await fresh.drop();
+    }
   });
 });
 
