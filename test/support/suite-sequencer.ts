@@ -1,5 +1,7 @@
+import { readFileSync } from 'node:fs';
 import { relative, sep } from 'node:path';
-import { BaseSequencer, type TestSpecification } from 'vitest/node';
+import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node';
+import { testQueueKind, type TestQueueKind } from './test-queues.js';
 
 // The order in which the suite's files are handed to vitest's workers (two on this machine; a
 // free worker takes the next file). The fault files are a third of the suite's time, and each
@@ -7,13 +9,40 @@ import { BaseSequencer, type TestSpecification } from 'vitest/node';
 // crash file took 231 s instead of 150 beside another fault file) and left their timing-bound
 // steps to chance. So the order is planned by simulating the workers: a fault file is handed out
 // only when no other is expected to be running, the other files fill the time in between,
-// longest first. Expected durations are vitest's own from the last run, or per folder on a
-// clean clone.
+// longest first.
+//
+// The plan is only as good as its durations. CI runs a clean clone, where vitest remembers none:
+// with one estimate per folder, the 230 s Postgres crash file was planned as 60 s and ran beside
+// the next fault file for 78 s (2026-12-02). So each file's duration in the whole suite, per queue
+// backend, is kept in test/support/file-durations.json (`npm run test:durations` after a full
+// run writes it again); vitest's own memory serves a file not in it yet, a folder's estimate one
+// neither knows.
 
-/** Seconds a file of each folder takes, for files vitest has no duration of yet. */
+/** Seconds a file of each folder takes, for files no recorded duration knows. */
 const EXPECTED_SECONDS: Readonly<Record<string, number>> = { faults: 60, e2e: 20, fuzz: 13, integration: 6, interop: 6, unit: 0.5 };
 
+/** Seconds each file took in a whole run of the suite, per queue backend (repository-relative paths). */
+export type FileDurations = Partial<Record<TestQueueKind, Record<string, number>>>;
+
+export const FILE_DURATIONS_PATH = new URL('./file-durations.json', import.meta.url);
+
+function readFileDurations(): FileDurations {
+  try {
+    return JSON.parse(readFileSync(FILE_DURATIONS_PATH, 'utf8')) as FileDurations;
+  } catch {
+    // Missing or unreadable: vitest's memory and the folder estimates plan the run.
+    return {};
+  }
+}
+
 export class SuiteSequencer extends BaseSequencer {
+  private readonly recorded: Readonly<Record<string, number>>;
+
+  constructor(ctx: Vitest, durations: FileDurations = readFileDurations(), backend: TestQueueKind = testQueueKind()) {
+    super(ctx);
+    this.recorded = durations[backend] ?? {};
+  }
+
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
     const seconds = new Map(files.map((file) => [file, this.expectedSeconds(file)]));
     const longestFirst = (a: TestSpecification, b: TestSpecification) => seconds.get(b)! - seconds.get(a)!;
@@ -41,6 +70,8 @@ export class SuiteSequencer extends BaseSequencer {
 
   private expectedSeconds(file: TestSpecification): number {
     const path = this.relativePath(file);
+    const recorded = this.recorded[path.split(sep).join('/')];
+    if (recorded !== undefined) return recorded;
     const last = this.ctx.cache.getFileTestResults(`${file.project.name}:${path}`);
     if (last && last.duration > 0) return last.duration / 1000;
     return EXPECTED_SECONDS[folderOf(path)] ?? 6;

@@ -1,19 +1,20 @@
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { TestSpecification, Vitest } from 'vitest/node';
-import { SuiteSequencer } from '../../support/suite-sequencer.js';
+import { SuiteSequencer, type FileDurations } from '../../support/suite-sequencer.js';
 
 // The suite's own file order (vitest.config.ts): what two workers that each take the next file
 // when free would run, given the durations vitest remembers.
 
 const ROOT = '/keel';
 
-function sequencer(durationsMs: Record<string, number>): SuiteSequencer {
+/** A sequencer whose vitest remembers `durationsMs`, with `recorded` as the repository's file of durations. */
+function sequencer(durationsMs: Record<string, number>, recorded: FileDurations = {}, backend: 'postgres' | 'redis' = 'postgres'): SuiteSequencer {
   const ctx = {
     config: { root: ROOT, maxWorkers: 2 },
     cache: { getFileTestResults: (key: string) => (key.slice(1) in durationsMs ? { duration: durationsMs[key.slice(1)]!, failed: false } : undefined) },
   };
-  return new SuiteSequencer(ctx as unknown as Vitest);
+  return new SuiteSequencer(ctx as unknown as Vitest, recorded, backend);
 }
 
 const spec = (path: string) => ({ moduleId: join(ROOT, path), project: { name: '' } }) as unknown as TestSpecification;
@@ -72,5 +73,30 @@ describe('SuiteSequencer', () => {
     const schedule = replay(order, (path) => ({ faults: 60, e2e: 20, unit: 0.5 })[path.split('/')[1] as 'faults' | 'e2e' | 'unit']);
     expect(overlappingFaults(schedule)).toEqual([]);
     expect(schedule.filter((entry) => entry.path.includes('/faults/')).map((entry) => entry.start)).toEqual([0, 60, 120]);
+  });
+
+  it('plans with the recorded durations of its backend first, then what vitest remembers, then the folder estimates', async () => {
+    // A clean clone: vitest remembers nothing. The recorded crash file is long; planned as a
+    // folder's 60 s it would start the second fault file while it still runs.
+    const recorded: FileDurations = {
+      postgres: { 'test/faults/crash.test.ts': 230, 'test/faults/kill.test.ts': 60, 'test/faults/skipped.test.ts': 0, ...Object.fromEntries(Array.from({ length: 12 }, (_, index) => [`test/integration/i${index}.test.ts`, 20])) },
+      redis: { 'test/faults/crash.test.ts': 60, 'test/faults/kill.test.ts': 230 },
+    };
+    const paths = [...Object.keys(recorded.postgres!), 'test/integration/new.test.ts', 'test/e2e/unknown.test.ts'];
+    const actual: Record<string, number> = { ...recorded.postgres!, 'test/integration/new.test.ts': 45, 'test/e2e/unknown.test.ts': 20 };
+    const order = await sequencer({ 'test/integration/new.test.ts': 45_000, 'test/faults/crash.test.ts': 30_000 }, recorded).sort(paths.map(spec));
+    expect(order).toHaveLength(paths.length);
+    const schedule = replay(order, (path) => actual[path]!);
+    expect(overlappingFaults(schedule)).toEqual([]);
+    expect(order[0]!.moduleId, 'the recorded 230 s, not the remembered 30 s').toBe(join(ROOT, 'test/faults/crash.test.ts'));
+    // The file only vitest remembers (45 s) comes before the recorded 20 s files.
+    const others = order.map((file) => file.moduleId.slice(ROOT.length + 1)).filter((path) => !path.includes('/faults/'));
+    expect(others[0]).toBe('test/integration/new.test.ts');
+    // The same files with the folder estimates only: the two long fault files run at once.
+    const unplanned = replay(await sequencer({}).sort(paths.map(spec)), (path) => actual[path]!);
+    expect(overlappingFaults(unplanned)).not.toEqual([]);
+    // A Redis run is planned with the Redis durations: there the other fault file is the long one.
+    const redisOrder = await sequencer({}, recorded, 'redis').sort(paths.map(spec));
+    expect(redisOrder[0]!.moduleId).toBe(join(ROOT, 'test/faults/kill.test.ts'));
   });
 });
