@@ -1,7 +1,7 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { FILE_DURATIONS_PATH, type FileDurations } from '../test/support/suite-sequencer.js';
+import { FILE_DURATIONS_PATH, readFileDurations } from '../test/support/suite-sequencer.js';
 import type { TestQueueKind } from '../test/support/test-queues.js';
 
 // npm run test:durations — after a whole run of the suite (`.ci/run`, or `npm test -- --reporter=json
@@ -13,7 +13,7 @@ const root = fileURLToPath(new URL('..', import.meta.url));
 const results = (backend: TestQueueKind) => `${root}.tmp/test-results-${backend}.json`;
 type VitestJson = { testResults: Array<{ name: string; startTime: number; endTime: number }> };
 
-const durations: FileDurations = existsSync(FILE_DURATIONS_PATH) ? (JSON.parse(readFileSync(FILE_DURATIONS_PATH, 'utf8')) as FileDurations) : {};
+const durations = readFileDurations();
 for (const backend of ['postgres', 'redis'] as const) {
   if (!existsSync(results(backend))) {
     console.log(`${backend}: no ${relative(root, results(backend))}; its durations are kept`);

@@ -26,7 +26,8 @@ export type FileDurations = Partial<Record<TestQueueKind, Record<string, number>
 
 export const FILE_DURATIONS_PATH = new URL('./file-durations.json', import.meta.url);
 
-function readFileDurations(): FileDurations {
+/** The recorded durations, or none when the file is missing or unreadable. */
+export function readFileDurations(): FileDurations {
   try {
     return JSON.parse(readFileSync(FILE_DURATIONS_PATH, 'utf8')) as FileDurations;
   } catch {

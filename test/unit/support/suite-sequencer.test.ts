@@ -4,7 +4,8 @@ import type { TestSpecification, Vitest } from 'vitest/node';
 import { SuiteSequencer, type FileDurations } from '../../support/suite-sequencer.js';
 
 // The suite's own file order (vitest.config.ts): what two workers that each take the next file
-// when free would run, given the durations vitest remembers.
+// when free would run, given the recorded durations (test/support/file-durations.json) and those
+// vitest remembers.
 
 const ROOT = '/keel';
 
