@@ -120,8 +120,10 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
       // Due 10 s after the transition into `pausing` committed, which happened between the send and now.
       expect(row.timer_due_at!).toBeGreaterThanOrEqual(sentAt + WAIT_MS - 50);
       expect(row.timer_due_at!).toBeLessThanOrEqual(observedAt + WAIT_MS + 50);
-      const job = await first.context.queues.queue('runs').getJob(timerJobId(id, row.revision));
-      expect(await job?.getState()).toBe('delayed');
+      // The wake-up job is added just after the suspension commits (run-executor), so it may land a
+      // moment after the row shows waiting_for_timer; it must then be there, and delayed.
+      const job = await waitFor(async () => (await first.context.queues.queue('runs').getJob(timerJobId(id, row.revision))) ?? null, `${id}'s wake-up job`, 5_000);
+      expect(await job.getState()).toBe('delayed');
       expect(asJson(await a2a.getTask({ id } as never)).status.state).toBe('TASK_STATE_WORKING');
     }
 
