@@ -41,6 +41,8 @@ const grpcSchema = z
 const databaseSchema = z
   .object({
     url: z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
+    /** The most connections the server process's own pool opens (the LISTEN connection and the queues' come on top). */
+    maxConnections: z.number().int().min(2).max(1000).default(20),
   })
   .strict();
 
@@ -48,6 +50,11 @@ const queueSchema = z
   .object({
     redisUrl: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').optional(),
     prefix: z.string().regex(/^[a-zA-Z0-9_-]{1,32}$/, 'expected 1-32 letters, digits, _ or -').default('keel'),
+    /**
+     * On BullMQ's Postgres backend: each worker's pool, its LISTEN connection included; the queues
+     * (adding and reading jobs) share one pool of one fewer (decision 0040). Unused on Redis.
+     */
+    connectionsPerWorker: z.number().int().min(2).max(100).default(6),
   })
   .strict();
 

@@ -7,7 +7,7 @@ import { QueuePool } from './queue-pool.js';
 
 export type QueueBackend =
   | { kind: 'redis'; url: string; prefix?: string }
-  | { kind: 'postgres'; connectionString: string; prefix?: string };
+  | { kind: 'postgres'; connectionString: string; prefix?: string; connectionsPerWorker?: number };
 
 export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
 
@@ -15,18 +15,22 @@ export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
 const PENDING_STATES = new Set(['waiting', 'delayed', 'active', 'prioritized', 'waiting-children']);
 
 /**
- * Connections on the Postgres backend: one pool for every queue of the process (adding and
- * reading jobs), and one per worker: its LISTEN connection and five for its queries (take a job,
- * extend locks, finish it), as many as BullMQ's own pool for a worker had. A worker's pool of its
- * own keeps the maintenance sweep's reads off the runs worker's lock extensions, and caps how many
- * of its claims (`FOR UPDATE SKIP LOCKED`) reach Postgres at once: one pool of 15 shared by
- * everything cost Postgres 16 % more CPU per task with two worker processes, and one of ten fell
- * behind in the fault suite.
+ * Connections on the Postgres backend: one pool per worker, its LISTEN connection and the rest for
+ * its queries (take a job, extend locks, finish it), and one pool of one fewer for every queue of
+ * the process (adding and reading jobs). By default six per worker, as many query connections as
+ * BullMQ's own pool for a worker had. A worker's pool of its own keeps the maintenance sweep's
+ * reads off the runs worker's lock extensions, and caps how many of its claims (`FOR UPDATE SKIP
+ * LOCKED`) reach Postgres at once: one pool of 15 shared by everything cost Postgres 16 % more CPU
+ * per task with two worker processes, and one of ten fell behind in the fault suite.
+ * `queue.connectionsPerWorker` sizes them for a server with few connections to spare (decision 0040).
  */
-export const PRODUCER_CONNECTIONS = 5;
-export const WORKER_CONNECTIONS = 6;
-/** The most connections one process's queues and workers hold on the Postgres backend. */
-export const MAX_QUEUE_CONNECTIONS = PRODUCER_CONNECTIONS + QUEUE_NAMES.length * WORKER_CONNECTIONS;
+export const DEFAULT_CONNECTIONS_PER_WORKER = 6;
+
+/** The pools' sizes for a number of connections per worker, and the most they hold together. */
+export function queueConnectionLimits(perWorker: number = DEFAULT_CONNECTIONS_PER_WORKER): { producer: number; worker: number; total: number } {
+  const producer = perWorker - 1;
+  return { producer, worker: perWorker, total: producer + QUEUE_NAMES.length * perWorker };
+}
 
 // Jobs are wake-ups; Postgres holds the truth. Finished jobs are removed so a deterministic id is
 // free again for the next debt of the same name (a requeued run reuses `run-<id>`).
@@ -83,11 +87,12 @@ export class KeelQueues {
         },
       };
     }
+    const limits = queueConnectionLimits(this.backend.connectionsPerWorker);
     if (role === 'producer') {
-      this.producerPool ??= new QueuePool(this.backend.connectionString, PRODUCER_CONNECTIONS, this.schema);
+      this.producerPool ??= new QueuePool(this.backend.connectionString, limits.producer, this.schema);
       return { prefix, connection: this.producerPool };
     }
-    const pool = new QueuePool(this.backend.connectionString, WORKER_CONNECTIONS, this.schema);
+    const pool = new QueuePool(this.backend.connectionString, limits.worker, this.schema);
     this.workerPools.push(pool);
     return { prefix, connection: pool };
   }

@@ -109,7 +109,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   for (const name of unretainableAgents(registry)) {
     logger.warn({ agent: name }, 'agent keeps no result under the privacy policy (answer level metadata or none): A2A requests to it are refused with RESULT_NOT_RETAINABLE');
   }
-  const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel' });
+  const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel', maximumPoolSize: config.database.maxConnections });
   if (!opened.ok) return { ok: false, stage: 'database', message: opened.message };
   const database: DatabaseHandle = opened.database;
   const cleanup: Array<() => Promise<void>> = [() => fetch.close(), () => database.close()];

@@ -31,6 +31,10 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
       KEEL_DATA_DIR: tempDir('keel-data-'),
       KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
+      // Two files run at once on the machine's Postgres (max_connections 100), some with two or
+      // three Keels alive: each test Keel sizes its pools down (decision 0040): 10 of its own, 11 for its queues.
+      KEEL_DATABASE_MAX_CONNECTIONS: '10',
+      KEEL_QUEUE_CONNECTIONS_PER_WORKER: '2',
       ...stringValues(overrides),
       ...env,
     },

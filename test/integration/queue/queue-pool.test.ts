@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { KeelQueues, MAX_QUEUE_CONNECTIONS } from '../../../src/queue/keel-queues.js';
+import { KeelQueues, queueConnectionLimits } from '../../../src/queue/keel-queues.js';
 import { QUEUE_NAMES } from '../../../src/queue/queue-names.js';
 import { silentLogger } from '../../../src/log/logger.js';
 import { createEmptyDatabase } from '../../support/test-database.js';
@@ -57,8 +57,9 @@ describe('the Postgres queue backend: one pool for the queues, one per worker', 
     await allQueueConnectionsGone();
   });
 
-  it('five queues and five workers under load hold at most 35 connections (five for the queues, six per worker with its LISTEN one), and none after close', async () => {
-    const queues = new KeelQueues({ kind: 'postgres', connectionString: database.url, prefix: testQueuePrefix() }, silentLogger());
+  /** Five queues and five workers process 40 jobs each; the most connections seen on the database meanwhile. */
+  async function peakUnderLoad(connectionsPerWorker?: number): Promise<number> {
+    const queues = new KeelQueues({ kind: 'postgres', connectionString: database.url, prefix: testQueuePrefix(), connectionsPerWorker }, silentLogger());
     const processed = new Map<string, number>();
     const perQueue = 40;
     let peak = 0;
@@ -89,10 +90,22 @@ describe('the Postgres queue backend: one pool for the queues, one per worker', 
       await queues.close();
     }
     expect(Object.fromEntries(processed)).toEqual(Object.fromEntries(QUEUE_NAMES.map((name) => [name, perQueue])));
-    // Before, each queue and worker owned a pool of up to five and each worker a LISTEN connection.
-    expect(MAX_QUEUE_CONNECTIONS).toBe(35);
-    expect(peak).toBeGreaterThan(QUEUE_NAMES.length);
-    expect(peak).toBeLessThanOrEqual(MAX_QUEUE_CONNECTIONS);
     await allQueueConnectionsGone();
+    return peak;
+  }
+
+  it('five queues and five workers under load hold at most 35 connections (five for the queues, six per worker with its LISTEN one), and none after close', async () => {
+    // Before, each queue and worker owned a pool of up to five and each worker a LISTEN connection.
+    expect(queueConnectionLimits()).toEqual({ producer: 5, worker: 6, total: 35 });
+    const peak = await peakUnderLoad();
+    expect(peak).toBeGreaterThan(QUEUE_NAMES.length);
+    expect(peak).toBeLessThanOrEqual(35);
+  });
+
+  it('queue.connectionsPerWorker 2 (the least: a LISTEN connection and one for queries) does the same work in at most 11', async () => {
+    expect(queueConnectionLimits(2)).toEqual({ producer: 1, worker: 2, total: 11 });
+    const peak = await peakUnderLoad(2);
+    expect(peak).toBeGreaterThan(QUEUE_NAMES.length);
+    expect(peak).toBeLessThanOrEqual(11);
   });
 });

@@ -61,6 +61,22 @@ describe('loadConfig', () => {
     expect(result.problems.some((problem) => problem.startsWith('push.maxAttempts:'))).toBe(true);
   });
 
+  it('sizes the connection pools: defaults, environment overrides, and a clear message for a size too small', () => {
+    const defaults = withFile('');
+    expect(defaults.ok && [defaults.config.database.maxConnections, defaults.config.queue.connectionsPerWorker]).toEqual([20, 6]);
+    const overridden = withFile('database: { maxConnections: 8 }\n', { KEEL_QUEUE_CONNECTIONS_PER_WORKER: '3' });
+    expect(overridden.ok && [overridden.config.database.maxConnections, overridden.config.queue.connectionsPerWorker]).toEqual([8, 3]);
+    const tooSmall = withFile('database: { maxConnections: 1 }\nqueue: { connectionsPerWorker: 1.5 }\n');
+    expect(tooSmall).toEqual({
+      ok: false,
+      problems: [
+        'database.maxConnections: Number must be greater than or equal to 2',
+        'queue.connectionsPerWorker: expected integer, received float',
+        'queue.connectionsPerWorker: Number must be greater than or equal to 2',
+      ],
+    });
+  });
+
   it('reports YAML syntax errors and a missing explicit file', () => {
     expect(withFile('server: [oops\n').ok).toBe(false);
     const missing = loadConfig({ configPath: '/nonexistent/keel.yaml', env: {} });
