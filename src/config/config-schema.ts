@@ -52,7 +52,9 @@ const queueSchema = z
     prefix: z.string().regex(/^[a-zA-Z0-9_-]{1,32}$/, 'expected 1-32 letters, digits, _ or -').default('keel'),
     /**
      * On BullMQ's Postgres backend: each worker's pool, its LISTEN connection included; the queues
-     * (adding and reading jobs) share one pool of one fewer (decision 0040). Unused on Redis.
+     * (adding and reading jobs) share one pool of one fewer (decision 0040). Unused on Redis. The
+     * default is decision 0033's size, DEFAULT_CONNECTIONS_PER_WORKER of queue/keel-queues.ts (not
+     * imported here, so that reading the config does not load BullMQ).
      */
     connectionsPerWorker: z.number().int().min(2).max(100).default(6),
   })
