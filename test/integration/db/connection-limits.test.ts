@@ -1,8 +1,9 @@
-import { SendMessageRequest, Task } from '@a2a-js/sdk';
+import { Task } from '@a2a-js/sdk';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createClient } from '../../../src/auth/client-repository.js';
-import { sdkClient } from '../../support/a2a-client.js';
+import { queueConnectionLimits } from '../../../src/queue/keel-queues.js';
+import { newClientToken } from '../push/push-support.js';
+import { sdkClient, textMessage } from '../../support/a2a-client.js';
 import { ADMIN_URL } from '../../support/test-database.js';
 import { testQueueKind } from '../../support/test-queues.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
@@ -26,9 +27,7 @@ beforeAll(async () => {
   keel = await startTestKeel({ overrides: { KEEL_DATABASE_MAX_CONNECTIONS: String(OWN), KEEL_QUEUE_CONNECTIONS_PER_WORKER: String(PER_WORKER) } });
   observer = new pg.Client({ connectionString: ADMIN_URL });
   await observer.connect();
-  const client = await createClient(keel.context.pool, 'connection-limits');
-  if (!client.ok) throw new Error('cannot create the client');
-  token = client.token;
+  token = await newClientToken(keel.context.pool, 'connection-limits');
 });
 afterAll(async () => {
   await observer?.end();
@@ -62,7 +61,7 @@ describe(`a process with small pools on the ${QUEUE} queue backend`, () => {
     try {
       answers = await Promise.all(
         Array.from({ length: TASKS }, async (_, i) =>
-          Task.toJSON((await a2a.sendMessage(SendMessageRequest.fromJSON({ message: { messageId: `limits-${i}`, role: 'ROLE_USER', parts: [{ text: `hello ${i}` }] } }))) as Task) as Record<string, unknown>,
+          Task.toJSON((await a2a.sendMessage(textMessage(`hello ${i}`, { messageId: `limits-${i}` }))) as Task) as Record<string, unknown>,
         ),
       );
     } finally {
@@ -74,7 +73,7 @@ describe(`a process with small pools on the ${QUEUE} queue backend`, () => {
     expect(peak.own).toBeLessThanOrEqual(OWN);
     expect(peak.listener).toBe(1);
     // Five workers' pools of two and the queues' pool of one; nothing on Postgres when the queues run on Redis.
-    if (QUEUE === 'postgres') expect(peak.queues).toBeLessThanOrEqual(PER_WORKER * 5 + (PER_WORKER - 1));
+    if (QUEUE === 'postgres') expect(peak.queues).toBeLessThanOrEqual(queueConnectionLimits(PER_WORKER).total);
     else expect(peak.queues).toBe(0);
   });
 });

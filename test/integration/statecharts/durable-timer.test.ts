@@ -122,7 +122,7 @@ describe(`a durable after on the ${QUEUE} queue backend`, () => {
       expect(row.timer_due_at!).toBeLessThanOrEqual(observedAt + WAIT_MS + 50);
       // The wake-up job is added just after the suspension commits (run-executor), so it may land a
       // moment after the row shows waiting_for_timer; it must then be there, and delayed.
-      const job = await waitFor(async () => (await first.context.queues.queue('runs').getJob(timerJobId(id, row.revision))) ?? null, `${id}'s wake-up job`, 5_000);
+      const job = await waitFor(() => first.context.queues.queue('runs').getJob(timerJobId(id, row.revision)), `${id}'s wake-up job`, 5_000);
       expect(await job.getState()).toBe('delayed');
       expect(asJson(await a2a.getTask({ id } as never)).status.state).toBe('TASK_STATE_WORKING');
     }
