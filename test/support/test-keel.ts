@@ -14,6 +14,13 @@ export function tempDir(prefix = 'keel-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }
 
+/**
+ * Two files run at once on the machine's Postgres (max_connections 100), some with two or three
+ * Keels alive: each test Keel, in-process or a `keel start` child, sizes its pools down (decision
+ * 0040): 10 of its own, 11 for its queues on the Postgres queue backend.
+ */
+export const TEST_POOL_ENV = { KEEL_DATABASE_MAX_CONNECTIONS: '10', KEEL_QUEUE_CONNECTIONS_PER_WORKER: '2' } as const;
+
 const stringValues = (values: Record<string, unknown>): Record<string, string> =>
   Object.fromEntries(Object.entries(values).map(([key, value]) => [key, typeof value === 'string' ? value : JSON.stringify(value)]));
 
@@ -31,10 +38,7 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
       KEEL_DATA_DIR: tempDir('keel-data-'),
       KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
-      // Two files run at once on the machine's Postgres (max_connections 100), some with two or
-      // three Keels alive: each test Keel sizes its pools down (decision 0040): 10 of its own, 11 for its queues.
-      KEEL_DATABASE_MAX_CONNECTIONS: '10',
-      KEEL_QUEUE_CONNECTIONS_PER_WORKER: '2',
+      ...TEST_POOL_ENV,
       ...stringValues(overrides),
       ...env,
     },

@@ -24,7 +24,7 @@ import { createSealer, type Sealer } from '../../../src/sealing/sealer.js';
 import { reapExpiredLeases, type ReaperPolicy } from '../../../workers/maintenance.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
-import { startTestKeel, tempDir, testConfig, type TestKeel } from '../../support/test-keel.js';
+import { startTestKeel, TEST_POOL_ENV, tempDir, testConfig, type TestKeel } from '../../support/test-keel.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
@@ -123,7 +123,7 @@ async function newScenario(): Promise<Scenario> {
 }
 
 async function spawnWorker(scenario: Scenario): Promise<KeelProcess> {
-  const child = spawnKeel(['start'], { cwd: tempDir('keel-crash-cwd-'), env: cleanEnv(scenario.env) });
+  const child = spawnKeel(['start'], { cwd: tempDir('keel-crash-cwd-'), env: cleanEnv({ ...TEST_POOL_ENV, ...scenario.env }) });
   children.push(child);
   await child.waitForLog('keel is ready', 45_000);
   return child;

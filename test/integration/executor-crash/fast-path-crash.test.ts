@@ -15,7 +15,7 @@ import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-
 import { rawRpc, type Json } from '../../support/a2a-wire.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
-import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
+import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 
@@ -171,7 +171,7 @@ describe(`fast path crash recovery on the ${QUEUE} queue backend`, () => {
     queueSets.push(queues);
 
     // `keel start` serves the API and runs workers (role all) with the fast path on by default.
-    const child = spawnKeel(['start'], { cwd: tempDir('keel-fast-crash-cwd-'), env: cleanEnv(env) });
+    const child = spawnKeel(['start'], { cwd: tempDir('keel-fast-crash-cwd-'), env: cleanEnv({ ...TEST_POOL_ENV, ...env }) });
     children.push(child);
     const ready = await child.waitForLog('keel is ready', 60_000);
     expect(ready.role).toBe('all');

@@ -2,7 +2,7 @@ import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
-import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
+import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
@@ -117,7 +117,7 @@ describe('worker killed', () => {
     let killed = false;
     const receiver = await startReceiver((request) => (request.index === 0 ? 'hang' : { status: 200 }));
     receivers.push(receiver);
-    const child = spawnKeel(['start'], { cwd: tempDir('keel-push-kill-cwd-'), env: cleanEnv(env) });
+    const child = spawnKeel(['start'], { cwd: tempDir('keel-push-kill-cwd-'), env: cleanEnv({ ...TEST_POOL_ENV, ...env }) });
     children.push(child);
     const ready = await child.waitForLog('keel is ready', 60_000);
     const { taskId } = await sendWithPush(String(ready.url), token, 'echo', 'kill me', { id: 'hook', url: receiver.url });

@@ -7,7 +7,7 @@ import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-
 import { sdkClient, textMessage } from '../../support/a2a-client.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
-import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
+import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
@@ -89,7 +89,7 @@ beforeAll(async () => {
   };
 
   // The sender: a `keel start` child, killed once its message is out.
-  child = spawnKeel(['start'], { cwd: tempDir('keel-sender-crash-cwd-'), env: cleanEnv(env) });
+  child = spawnKeel(['start'], { cwd: tempDir('keel-sender-crash-cwd-'), env: cleanEnv({ ...TEST_POOL_ENV, ...env }) });
   await child.waitForLog('keel is ready', 45_000);
   token = await newToken(database.pool);
   const client = await sdkClient(`http://127.0.0.1:${port}`, `to-${REMOTE_ID}`, token);

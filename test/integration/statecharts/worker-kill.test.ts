@@ -14,7 +14,7 @@ import { encodeMasterKey, generateMasterKey } from '../../../src/sealing/master-
 import { sdkClient } from '../../support/a2a-client.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
-import { startTestKeel, tempDir, type TestKeel } from '../../support/test-keel.js';
+import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
@@ -95,7 +95,7 @@ async function newScenario(): Promise<Scenario> {
 async function spawnWorker(scenario: Scenario): Promise<{ child: KeelProcess; url: string }> {
   const child = spawnKeel(['start'], {
     cwd: tempDir('keel-statechart-kill-cwd-'),
-    env: cleanEnv({ ...scenario.env, KEEL_TEST_STEP_LOG: scenario.stepLog, KEEL_TEST_STEP_HOLD_MS: String(CHILD_HOLD_MS) }),
+    env: cleanEnv({ ...TEST_POOL_ENV, ...scenario.env, KEEL_TEST_STEP_LOG: scenario.stepLog, KEEL_TEST_STEP_HOLD_MS: String(CHILD_HOLD_MS) }),
   });
   children.push(child);
   const ready = await child.waitForLog('keel is ready', 60_000);
