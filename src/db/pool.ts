@@ -14,6 +14,7 @@ import {
 import { z } from 'zod';
 import { withDeadline, type Probe } from '../health/probe.js';
 import { createCrashSafeDriverFactory } from './crash-safe-driver.js';
+import { withOwnTransactions } from './transaction.js';
 
 export type { DatabasePool };
 
@@ -22,20 +23,26 @@ export type PoolOptions = { maximumPoolSize?: number; applicationName?: string }
 /**
  * The one slonik pool of a Keel process. Connections are not reset with DISCARD ALL on release:
  * Keel keeps no session state outside the routines that take a dedicated connection (advisory
- * locks, LISTEN), and the extra round trip per checkout is measurable on the hot path.
+ * locks, LISTEN), and the extra round trip per checkout is measurable on the hot path. Its
+ * transactions are Keel's own (transaction.ts): slonik's would turn on promise hooks process-wide.
  */
 export async function createDatabasePool(url: string, options: PoolOptions = {}): Promise<DatabasePool> {
   const withName = new URL(url);
   if (options.applicationName && !withName.searchParams.has('application_name')) {
     withName.searchParams.set('application_name', options.applicationName);
   }
-  return createPool(withName.toString(), {
+  const pool = await createPool(withName.toString(), {
     driverFactory: createCrashSafeDriverFactory(),
     maximumPoolSize: options.maximumPoolSize ?? 20,
     idleTimeout: 30_000,
     statementTimeout: 60_000,
     connectionTimeout: 10_000,
     resetConnection: async () => undefined,
+    // Slonik retries a statement refused with a class 40 error only when it is outside one of its
+    // own transactions, which it tells by state Keel's transactions (transaction.ts) do not set:
+    // inside one, the retry would run in an aborted transaction and hide the refusal. A refused
+    // transaction is retried whole by transaction.ts; a single statement's refusal goes to its caller.
+    queryRetryLimit: 0,
     // Counters and revisions are int8 but stay far below 2^53: read them as numbers, timestamps as
     // epoch milliseconds.
     typeParsers: [
@@ -47,6 +54,7 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
       createTimestampWithTimeZoneTypeParser(),
     ],
   });
+  return withOwnTransactions(pool);
 }
 
 /**

@@ -170,7 +170,10 @@ function encryptInto(out: Buffer, key: Buffer, aad: Buffer, ivAt: number, tagAt:
 export function sealBytes(ring: MasterKeyRing, ctx: SealContext, plaintext: Buffer): Buffer {
   checkContext(ctx);
   const master = ring.active;
-  const out = Buffer.alloc(SEALED_HEADER_BYTES + plaintext.length);
+  // Not zero-filled: every byte is written below (version, key id, both IVs and tags, the wrapped
+  // key and the ciphertext, which is as long as the plaintext), and a seal that throws midway
+  // returns nothing.
+  const out = Buffer.allocUnsafe(SEALED_HEADER_BYTES + plaintext.length);
   out[0] = SEALED_VERSION;
   out.write(master.id, KEY_ID_AT, MASTER_KEY_ID_BYTES, 'hex');
   takeRandomInto(dataKeyScratch, 0, DATA_KEY_BYTES);

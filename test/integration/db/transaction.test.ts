@@ -1,0 +1,117 @@
+import { createRequire } from 'node:module';
+import type { AsyncLocalStorage } from 'node:async_hooks';
+import { sql, UniqueIntegrityConstraintViolationError, type CommonQueryMethods } from 'slonik';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { TRANSACTION_RETRY_LIMIT } from '../../../src/db/transaction.js';
+import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
+
+// Keel's pool runs transactions with BEGIN/COMMIT on a pooled connection, not through slonik's
+// transaction(), whose AsyncLocalStorage turns on promise hooks for the whole process (decision
+// 0041). What a caller sees must not change: commit, rollback, savepoints, retry of a refused
+// transaction, and the rows each leaves.
+
+let db: TestDatabase;
+beforeAll(async () => {
+  db = await createTestDatabase({ migrate: false });
+  await db.pool.query(sql.unsafe`CREATE TABLE notes (id int PRIMARY KEY, body text NOT NULL)`);
+  await db.pool.query(sql.unsafe`CREATE TABLE pair (id int PRIMARY KEY, n int NOT NULL)`);
+  await db.pool.query(sql.unsafe`INSERT INTO pair VALUES (1, 0), (2, 0)`);
+});
+afterAll(async () => db?.drop());
+
+const noteIds = () => db.pool.anyFirst(sql.type(z.object({ id: z.number() }))`SELECT id FROM notes ORDER BY id`);
+const inBlock = (transaction: CommonQueryMethods) => transaction.oneFirst(sql.type(z.object({ open: z.boolean() }))`SELECT now() = statement_timestamp() AS open`);
+
+describe("the pool's transaction()", () => {
+  it('commits what the handler wrote, in one transaction block, and returns what it returned', async () => {
+    const result = await db.pool.transaction(async (transaction) => {
+      await transaction.query(sql.unsafe`INSERT INTO notes VALUES (1, 'one')`);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      // now() is the transaction's start: a later statement in the same block sees it earlier than its own start.
+      expect(await inBlock(transaction)).toBe(false);
+      return 'kept';
+    });
+    expect(result).toBe('kept');
+    expect(await noteIds()).toEqual([1]);
+  });
+
+  it('rolls back every write when the handler throws, and hands the error to the caller as it is', async () => {
+    const refusal = new Error('the handler refuses');
+    await expect(
+      db.pool.transaction(async (transaction) => {
+        await transaction.query(sql.unsafe`INSERT INTO notes VALUES (2, 'two')`);
+        throw refusal;
+      }),
+    ).rejects.toBe(refusal);
+    expect(await noteIds()).toEqual([1]);
+  });
+
+  it('rolls back when a statement is refused, with the refusal as the error (a unique violation here)', async () => {
+    await expect(
+      db.pool.transaction(async (transaction) => {
+        await transaction.query(sql.unsafe`INSERT INTO notes VALUES (3, 'three')`);
+        await transaction.query(sql.unsafe`INSERT INTO notes VALUES (1, 'again')`);
+      }),
+    ).rejects.toBeInstanceOf(UniqueIntegrityConstraintViolationError);
+    expect(await noteIds()).toEqual([1]);
+    // The pool is still usable afterwards.
+    expect(await db.pool.oneFirst(sql.type(z.object({ ok: z.number() }))`SELECT 1 AS ok`)).toBe(1);
+  });
+
+  it('makes a transaction() inside a savepoint: its failure undoes only its own writes', async () => {
+    await db.pool.transaction(async (transaction) => {
+      await transaction.query(sql.unsafe`INSERT INTO notes VALUES (4, 'outer')`);
+      await expect(
+        transaction.transaction(async (nested) => {
+          await nested.query(sql.unsafe`INSERT INTO notes VALUES (5, 'inner')`);
+          await nested.query(sql.unsafe`INSERT INTO notes VALUES (4, 'clash')`);
+        }),
+      ).rejects.toBeInstanceOf(UniqueIntegrityConstraintViolationError);
+      await transaction.transaction(async (nested) => {
+        await nested.query(sql.unsafe`INSERT INTO notes VALUES (6, 'inner kept')`);
+        await nested.transaction((deeper) => deeper.query(sql.unsafe`INSERT INTO notes VALUES (7, 'two levels down')`));
+      });
+    });
+    expect(await noteIds()).toEqual([1, 4, 6, 7]);
+  });
+
+  it('runs a transaction the server refused with a deadlock again, and the retry commits', async () => {
+    // Two transactions lock the pair's rows in opposite orders; Postgres breaks the deadlock by
+    // refusing one (40P01). That one is run again from BEGIN and commits on its next attempt.
+    const attempts = { first: 0, second: 0 };
+    const lockInOrder = (which: keyof typeof attempts, [a, b]: [number, number]) =>
+      db.pool.transaction(async (transaction) => {
+        attempts[which] += 1;
+        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${a}`);
+        if (attempts[which] === 1) await new Promise((resolve) => setTimeout(resolve, 300));
+        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${b}`);
+      });
+    await Promise.all([lockInOrder('first', [1, 2]), lockInOrder('second', [2, 1])]);
+    expect(attempts.first + attempts.second, 'one of the two ran twice').toBe(3);
+    const counts = await db.pool.anyFirst(sql.type(z.object({ n: z.number() }))`SELECT n FROM pair ORDER BY id`);
+    expect(counts, 'each committed once: the refused attempt left nothing').toEqual([2, 2]);
+  });
+
+  it(`gives up after ${TRANSACTION_RETRY_LIMIT} retries and hands over the server's refusal`, async () => {
+    let attempts = 0;
+    await expect(
+      db.pool.transaction(async (transaction) => {
+        attempts += 1;
+        await transaction.query(sql.unsafe`DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'serialization_failure'; END $$`);
+      }),
+    ).rejects.toMatchObject({ code: '40001' });
+    expect(attempts).toBe(TRANSACTION_RETRY_LIMIT + 1);
+  });
+
+  it("never enters slonik's transaction context, so no AsyncLocalStorage is turned on", async () => {
+    // slonik keeps its transaction context in this module; its run() is what turns promise hooks on.
+    const require = createRequire(import.meta.url);
+    const { transactionContext } = require('slonik/dist/contexts/transactionContext.js') as { transactionContext: AsyncLocalStorage<unknown> };
+    const seen = await db.pool.transaction(async (transaction) => {
+      await transaction.query(sql.unsafe`SELECT 1`);
+      return transactionContext.getStore();
+    });
+    expect(seen).toBeUndefined();
+  });
+});
