@@ -69,7 +69,8 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //   BENCH_ROUNDS           repeat the whole sequence of targets this many times and report the
 //                          median (1); on a machine with other work going on, 3 gives steadier ratios.
 //                          Each round starts one target later (round 2: the second target first,
-//                          the first last), so no target is always measured in the same place
+//                          the first last), so no target is always measured in the same place.
+//                          Keel's ratios to the SDK are also printed round by round, with their median
 //   BENCH_TARGETS          which targets: sdk-memory,sdk-postgres,keel (all three)
 //   BENCH_KEEL_TOPOLOGY    which Keel topologies: single,split (both)
 //   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres, or both: "redis,postgres" (redis;
@@ -1113,11 +1114,23 @@ type Row = {
   /** Keel only: its tasks/s ÷ the SDK's at the same concurrency, in the same run. */
   ratioSdkPostgres?: number;
   ratioSdkMemory?: number;
+  /** Keel only, with rounds: the same ratios within each round, where both were measured minutes apart. */
+  roundRatiosSdkPostgres?: number[];
+  roundRatiosSdkMemory?: number[];
 };
 
 function rows(results: TargetResult[]): Row[] {
   const sdkRate = (kind: TargetKind, concurrency: number) => summarize(results.find((result) => result.kind === kind), concurrency)?.tasksPerSecond;
   const ratio = (value: number, base: number | undefined) => (base === undefined || base <= 0 ? undefined : value / base);
+  // Round by round: the machine drifts over a run of several rounds, and a round's targets are
+  // measured close together, so each round's ratio leaves the drift out (the medians' ratio does not).
+  const roundRatios = (keel: TargetResult, kind: TargetKind, concurrency: number) => {
+    const sdk = results.find((result) => result.kind === kind);
+    return keel.measurements.flatMap((m) => {
+      const base = sdk?.measurements.find((other) => other.concurrency === concurrency && other.round === m.round);
+      return m.concurrency === concurrency && base && base.tasksPerSecond > 0 ? [m.tasksPerSecond / base.tasksPerSecond] : [];
+    });
+  };
   return concurrencies.flatMap((concurrency) =>
     results.map((result) => {
       const summary = summarize(result, concurrency);
@@ -1128,6 +1141,10 @@ function rows(results: TargetResult[]): Row[] {
         const inMemory = ratio(summary.tasksPerSecond, sdkRate('sdk-memory', concurrency));
         if (onPostgres !== undefined) row.ratioSdkPostgres = onPostgres;
         if (inMemory !== undefined) row.ratioSdkMemory = inMemory;
+        if (rounds > 1) {
+          row.roundRatiosSdkPostgres = roundRatios(result, 'sdk-postgres', concurrency);
+          row.roundRatiosSdkMemory = roundRatios(result, 'sdk-memory', concurrency);
+        }
       }
       return row;
     }),
@@ -1205,6 +1222,16 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
   lines.push(...table(header, body, 4));
   lines.push('');
   lines.push('÷SDK-PG, ÷SDK-mem: Keel tasks/s ÷ the SDK server on Postgres / in memory at the same concurrency in this run (targets, docs/performance.md: ≥ 3× and ≥ 0.5×)');
+  const perRound = all.filter((row) => (row.roundRatiosSdkMemory?.length ?? 0) + (row.roundRatiosSdkPostgres?.length ?? 0) > 0);
+  if (perRound.length > 0) {
+    lines.push('  the same ratios round by round (each round measures every target once, in rotation), then their median:');
+    const roundText = (name: string, ratios: number[] | undefined) =>
+      ratios && ratios.length > 0 ? `${name} ${ratios.map((value) => `${fmt(value, 2)}×`).join(', ')} (median ${fmt(median(ratios), 2)}×)` : null;
+    for (const row of perRound) {
+      const parts = [roundText('÷SDK-PG', row.roundRatiosSdkPostgres), roundText('÷SDK-mem', row.roundRatiosSdkMemory)].filter((part) => part !== null);
+      lines.push(`  ${row.concurrency}  ${row.target} ${row.topology}${row.queue ? ` (${row.queue} queue)` : ''}: ${parts.join('; ')}`);
+    }
+  }
   if (settleSeconds > 0) {
     lines.push('commits/req: pg_stat_database.xact_commit of the bench database over the whole phase at that concurrency (warm-up, window, drain,');
     lines.push(`  ${settleSeconds} s idle until every backend has reported) ÷ the requests sent in it; every committed transaction: reads, queue polling, sweeps too`);
@@ -1343,6 +1370,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
             ...(rounds > 1 ? { tasksPerSecondMin: round2(row.summary.min), tasksPerSecondMax: round2(row.summary.max) } : {}),
             ratioSdkPostgres: round2(row.ratioSdkPostgres),
             ratioSdkMemory: round2(row.ratioSdkMemory),
+            ...(row.roundRatiosSdkMemory ? { roundRatiosSdkPostgres: row.roundRatiosSdkPostgres!.map(round2), roundRatiosSdkMemory: row.roundRatiosSdkMemory.map(round2) } : {}),
             statementsPerRequest: round2(row.summary.statementsPerRequest),
             commitsPerRequest: round2(row.summary.commitsPerRequest),
             ...(row.summary.cpu
