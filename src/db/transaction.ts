@@ -54,32 +54,36 @@ function atDepth(connection: CommonQueryMethods, depth: number): CommonQueryMeth
   }) as CommonQueryMethods;
 }
 
-async function transactionOn<T>(connection: CommonQueryMethods, handler: Handler<T>, retryLimit: number): Promise<T> {
+/** How one level opens, keeps and undoes its work: the transaction itself, or a savepoint in it. */
+type Level = { open: SqlText; keep: SqlText; undo: SqlText };
+type SqlText = ReturnType<typeof sql.unsafe>;
+
+const TRANSACTION: Level = { open: sql.unsafe`BEGIN`, keep: sql.unsafe`COMMIT`, undo: sql.unsafe`ROLLBACK` };
+
+function savepoint(depth: number): Level {
+  const name = sql.identifier([`keel_savepoint_${depth}`]);
+  return { open: sql.unsafe`SAVEPOINT ${name}`, keep: sql.unsafe`RELEASE SAVEPOINT ${name}`, undo: sql.unsafe`ROLLBACK TO SAVEPOINT ${name}` };
+}
+
+function transactionOn<T>(connection: CommonQueryMethods, handler: Handler<T>, retryLimit: number): Promise<T> {
+  return attempt(connection, TRANSACTION, 0, handler, retryLimit);
+}
+
+function savepointOn<T>(connection: CommonQueryMethods, handler: Handler<T>, depth: number, retryLimit: number): Promise<T> {
+  return attempt(connection, savepoint(depth), depth, handler, retryLimit);
+}
+
+async function attempt<T>(connection: CommonQueryMethods, level: Level, depth: number, handler: Handler<T>, retryLimit: number): Promise<T> {
   for (let retriesLeft = retryLimit; ; retriesLeft -= 1) {
-    await connection.query(sql.unsafe`BEGIN`);
+    await connection.query(level.open);
     try {
-      const result = await handler(atDepth(connection, 0));
-      await connection.query(sql.unsafe`COMMIT`);
+      const result = await handler(atDepth(connection, depth));
+      await connection.query(level.keep);
       return result;
     } catch (error) {
       // A failed COMMIT has ended the transaction already (ROLLBACK then only warns), and a lost
-      // connection refuses the ROLLBACK: either way the error to report is the first one.
-      await connection.query(sql.unsafe`ROLLBACK`).catch(() => undefined);
-      if (retriesLeft <= 0 || !isRetryable(error)) throw error;
-    }
-  }
-}
-
-async function savepointOn<T>(connection: CommonQueryMethods, handler: Handler<T>, depth: number, retryLimit: number): Promise<T> {
-  const name = sql.identifier([`keel_savepoint_${depth}`]);
-  for (let retriesLeft = retryLimit; ; retriesLeft -= 1) {
-    await connection.query(sql.unsafe`SAVEPOINT ${name}`);
-    try {
-      const result = await handler(atDepth(connection, depth));
-      await connection.query(sql.unsafe`RELEASE SAVEPOINT ${name}`);
-      return result;
-    } catch (error) {
-      await connection.query(sql.unsafe`ROLLBACK TO SAVEPOINT ${name}`).catch(() => undefined);
+      // connection refuses the undo: either way the error to report is the first one.
+      await connection.query(level.undo).catch(() => undefined);
       if (retriesLeft <= 0 || !isRetryable(error)) throw error;
     }
   }
