@@ -166,21 +166,23 @@ export function createMaintenanceProcessor(context: KeelContext) {
 
 export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, everyMs = SWEEP_EVERY_MS): Promise<void> {
   const queue = context.queues.queue('maintenance');
-  const schedule = async () => {
-    await queue.upsertJobScheduler(SWEEP_JOB, { every: everyMs }, { name: SWEEP_JOB, data: {} });
+  const schedules = [
+    { id: SWEEP_JOB, everyMs },
     // The retention purge, daily.
-    await queue.upsertJobScheduler(PURGE_JOB, { every: PURGE_EVERY_MS }, { name: PURGE_JOB, data: {} });
-  };
-  await schedule();
-  // The schedulers live in the queue backend: a wiped Redis takes them along, and without a sweep
-  // nothing would restore the other debts' jobs. Put them back when they are gone (until the
-  // queue closes).
+    { id: PURGE_JOB, everyMs: PURGE_EVERY_MS },
+  ];
+  for (const { id, everyMs: every } of schedules) await queue.upsertJobScheduler(id, { every }, { name: id, data: {} });
+  // The schedulers live in the queue backend: a wiped Redis takes them along, a partly wiped one
+  // can keep a scheduler and lose its next job, and without a sweep nothing would restore the
+  // other debts' jobs. Put back whichever is gone or stuck (until the queue closes).
   const watchdog = setInterval(() => {
     if (queue.closing) {
       clearInterval(watchdog);
       return;
     }
-    queue.getJobScheduler(SWEEP_JOB).then((found) => (found ? undefined : schedule())).catch(() => undefined);
+    void (async () => {
+      for (const { id, everyMs: every } of schedules) await context.queues.ensureJobScheduler('maintenance', id, every, id);
+    })().catch(() => undefined);
   }, Math.max(everyMs, 1000));
   watchdog.unref();
 }

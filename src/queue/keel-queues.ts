@@ -152,6 +152,19 @@ export class KeelQueues {
     return 'added';
   }
 
+  /**
+   * Puts a job scheduler in place unless it is there and its next job will still run. Present is
+   * not enough: a Redis that lost some of a queue's keys (evicted, or deleted while the scheduler
+   * was writing them) can keep the scheduler's entry and lose its next job, and such a scheduler
+   * never fires again. Upserting it adds the next job again (and keeps a live one's slot).
+   */
+  async ensureJobScheduler(name: QueueName, schedulerId: string, everyMs: number, jobName: string): Promise<'present' | 'scheduled'> {
+    const queue = this.queue(name);
+    if (await schedulerIsLive(queue, schedulerId)) return 'present';
+    await queue.upsertJobScheduler(schedulerId, { every: everyMs }, { name: jobName, data: {} });
+    return 'scheduled';
+  }
+
   /** Adds jobs without checking first: the common path right after a commit. */
   async addJob(name: QueueName, jobId: string, data: object, options: { delayMs?: number } = {}): Promise<void> {
     await this.queue(name).add(name, data, {
@@ -183,4 +196,20 @@ export class KeelQueues {
     this.producerPool = undefined;
     await pool?.end();
   }
+}
+
+/**
+ * Whether a scheduler's next job is there and will still run. The scheduler moves on to a new job
+ * when a worker takes the current one, so a missing job is only believed when the scheduler still
+ * names it afterwards.
+ */
+async function schedulerIsLive(queue: Queue, schedulerId: string): Promise<boolean> {
+  for (let look = 0; look < 3; look += 1) {
+    const scheduler = await queue.getJobScheduler(schedulerId);
+    if (!scheduler || scheduler.next == null) return false;
+    const job = await queue.getJob(`repeat:${schedulerId}:${scheduler.next}`);
+    if (job && PENDING_STATES.has(await job.getState())) return true;
+    if ((await queue.getJobScheduler(schedulerId))?.next === scheduler.next) return false;
+  }
+  return false;
 }
