@@ -87,6 +87,14 @@ describe(`maintenance schedulers on the ${QUEUE} queue backend`, () => {
     await scheduleMaintenance({ queues }, 300);
     await waitFor(async () => sweeps.length >= 2, 'two sweeps on the schedule', 10_000);
 
+    // While the worker runs the sweep, the scheduler is never taken for stuck: its job is always
+    // waiting, delayed or active, whenever the watchdog looks.
+    const outcomes = new Set<string>();
+    for (const until = Date.now() + 2000; Date.now() < until; ) {
+      outcomes.add(await queues.ensureJobScheduler('maintenance', SWEEP_JOB, 300, SWEEP_JOB));
+    }
+    expect([...outcomes]).toEqual(['present']);
+
     // Stop the worker from moving the scheduler on while its job is taken away.
     await queues.closeWorkers();
     const lost = await nextJobOf(SWEEP_JOB);
