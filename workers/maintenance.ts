@@ -167,11 +167,12 @@ export function createMaintenanceProcessor(context: KeelContext) {
 export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, everyMs = SWEEP_EVERY_MS): Promise<void> {
   const queue = context.queues.queue('maintenance');
   const schedules = [
-    { id: SWEEP_JOB, everyMs },
+    { id: SWEEP_JOB, every: everyMs },
     // The retention purge, daily.
-    { id: PURGE_JOB, everyMs: PURGE_EVERY_MS },
+    { id: PURGE_JOB, every: PURGE_EVERY_MS },
   ];
-  for (const { id, everyMs: every } of schedules) await queue.upsertJobScheduler(id, { every }, { name: id, data: {} });
+  // Upserted at start whatever is there, so a changed interval takes effect.
+  for (const { id, every } of schedules) await queue.upsertJobScheduler(id, { every }, { name: id, data: {} });
   // The schedulers live in the queue backend: a wiped Redis takes them along, a partly wiped one
   // can keep a scheduler and lose its next job, and without a sweep nothing would restore the
   // other debts' jobs. Put back whichever is gone or stuck (until the queue closes).
@@ -181,7 +182,7 @@ export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, 
       return;
     }
     void (async () => {
-      for (const { id, everyMs: every } of schedules) await context.queues.ensureJobScheduler('maintenance', id, every, id);
+      for (const { id, every } of schedules) await context.queues.ensureJobScheduler('maintenance', id, every, id);
     })().catch(() => undefined);
   }, Math.max(everyMs, 1000));
   watchdog.unref();

@@ -30,7 +30,7 @@ export function withOwnTransactions(pool: DatabasePool): DatabasePool {
   const own: DatabasePool = Object.create(pool, {
     transaction: {
       value: <T>(handler: Handler<T>, retryLimit?: number) =>
-        pool.connect((connection) => transactionOn(connection, handler, retryLimit ?? TRANSACTION_RETRY_LIMIT)),
+        pool.connect((connection) => attempt(connection, TRANSACTION, 0, handler, retryLimit ?? TRANSACTION_RETRY_LIMIT)),
     },
   });
   return own;
@@ -49,7 +49,8 @@ function isRetryable(error: unknown): boolean {
 function atDepth(connection: CommonQueryMethods, depth: number): CommonQueryMethods {
   return Object.create(connection, {
     transaction: {
-      value: <T>(handler: Handler<T>, retryLimit?: number) => savepointOn(connection, handler, depth + 1, retryLimit ?? TRANSACTION_RETRY_LIMIT),
+      value: <T>(handler: Handler<T>, retryLimit?: number) =>
+        attempt(connection, savepoint(depth + 1), depth + 1, handler, retryLimit ?? TRANSACTION_RETRY_LIMIT),
     },
   }) as CommonQueryMethods;
 }
@@ -65,14 +66,7 @@ function savepoint(depth: number): Level {
   return { open: sql.unsafe`SAVEPOINT ${name}`, keep: sql.unsafe`RELEASE SAVEPOINT ${name}`, undo: sql.unsafe`ROLLBACK TO SAVEPOINT ${name}` };
 }
 
-function transactionOn<T>(connection: CommonQueryMethods, handler: Handler<T>, retryLimit: number): Promise<T> {
-  return attempt(connection, TRANSACTION, 0, handler, retryLimit);
-}
-
-function savepointOn<T>(connection: CommonQueryMethods, handler: Handler<T>, depth: number, retryLimit: number): Promise<T> {
-  return attempt(connection, savepoint(depth), depth, handler, retryLimit);
-}
-
+/** Runs the handler inside one level (the handler's own `transaction()` goes one level down), rerun whole on a class 40 refusal. */
 async function attempt<T>(connection: CommonQueryMethods, level: Level, depth: number, handler: Handler<T>, retryLimit: number): Promise<T> {
   for (let retriesLeft = retryLimit; ; retriesLeft -= 1) {
     await connection.query(level.open);
