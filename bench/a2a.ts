@@ -113,6 +113,11 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          created (every target's statements in the server log; slows the server).
 //                          Meant with BENCH_POSTGRES=machine: the private cluster logs to a pipe of
 //                          the bench's that keeps only its last lines
+//
+// After each Keel measurement a `group commit:` line says where a task's two writes spent their
+// time over the window, from the Keel processes' /metrics (keel_group_commit_*): writes per batch,
+// how long a write waited for its batch to start, and how long a batch took (built, sealing
+// included, sent, run and committed); `groupCommit` in the JSON.
 // Any other KEEL_* variable in the environment reaches every Keel process (KEEL_RUNS_CONCURRENCY,
 // say); the bench sets the database, master key, ports, data directory, auth mode, queue and log
 // level itself.
@@ -160,6 +165,11 @@ type Measurement = {
   peakBackends?: number;
   /** BENCH_CPU=1: CPU time of each group of processes over (about) the measured window. */
   cpu?: CpuFigures;
+  /**
+   * Keel: its group commits over (about) the measured window: writes per batch, how long a write
+   * waited for its batch to start, and how long a batch took (built, sent, run and committed).
+   */
+  groupCommit?: GroupCommitFigures;
 };
 
 /**
@@ -284,7 +294,64 @@ type LoadTarget = {
   processes?: Record<string, number[]>;
   /** The statements the target's server has run so far, read at the phases' edges (after the idle wait). */
   statements?: () => Promise<number>;
+  /** Keel: its group commits' counters so far (from every process's /metrics), read at the window's edges. */
+  groupCommits?: () => Promise<GroupCommitCounters>;
 };
+
+type GroupCommitKind = 'creation' | 'completion';
+/** Running totals of Keel's group-commit histograms (src/metrics/hot-path-metrics.ts), summed over its processes. */
+type GroupCommitCounters = Record<GroupCommitKind, { batches: number; writes: number; waitSeconds: number; writeSeconds: number }>;
+/** Over a measured window, per kind: batches, writes per batch, and the mean wait and batch time in ms. */
+type GroupCommitFigures = Record<GroupCommitKind, { batches: number; perBatch: number; waitMs: number; writeMs: number }>;
+
+const GROUP_COMMIT_KINDS: readonly GroupCommitKind[] = ['creation', 'completion'];
+
+/** The group-commit counters of the Keel processes at `origins`, summed. */
+async function groupCommitCounters(origins: readonly string[]): Promise<GroupCommitCounters> {
+  const counters = Object.fromEntries(GROUP_COMMIT_KINDS.map((kind) => [kind, { batches: 0, writes: 0, waitSeconds: 0, writeSeconds: 0 }])) as GroupCommitCounters;
+  const series = {
+    batches: 'keel_group_commit_batch_size_count',
+    writes: 'keel_group_commit_batch_size_sum',
+    waitSeconds: 'keel_group_commit_wait_seconds_sum',
+    writeSeconds: 'keel_group_commit_write_seconds_sum',
+  } as const;
+  for (const origin of origins) {
+    const text = await (await fetch(`${origin}/metrics`, { signal: AbortSignal.timeout(10_000) })).text();
+    for (const line of text.split('\n')) {
+      const match = /^(\w+)\{kind="(creation|completion)"\} (\S+)$/.exec(line);
+      if (!match) continue;
+      const field = (Object.keys(series) as Array<keyof typeof series>).find((key) => series[key] === match[1]);
+      if (field) counters[match[2] as GroupCommitKind][field] += Number(match[3]);
+    }
+  }
+  return counters;
+}
+
+function groupCommitFigures(before: GroupCommitCounters, after: GroupCommitCounters): GroupCommitFigures {
+  const per = (value: number, count: number) => (count > 0 ? value / count : Number.NaN);
+  return Object.fromEntries(
+    GROUP_COMMIT_KINDS.map((kind) => {
+      const batches = after[kind].batches - before[kind].batches;
+      const writes = after[kind].writes - before[kind].writes;
+      return [
+        kind,
+        {
+          batches,
+          perBatch: per(writes, batches),
+          waitMs: per((after[kind].waitSeconds - before[kind].waitSeconds) * 1000, writes),
+          writeMs: per((after[kind].writeSeconds - before[kind].writeSeconds) * 1000, batches),
+        },
+      ];
+    }),
+  ) as GroupCommitFigures;
+}
+
+function groupCommitText(figures: GroupCommitFigures): string {
+  return GROUP_COMMIT_KINDS.map((kind) => {
+    const { perBatch, waitMs, writeMs } = figures[kind];
+    return `${kind} ${fmt(perBatch, 1)} a batch, wait ${ms(waitMs, 2)} ms, write ${ms(writeMs, 2)} ms`;
+  }).join('; ');
+}
 
 /** One undici pool per origin, with a connection for each of the clients that talk to it (client i to origin i mod n). */
 function clientPools(origins: readonly string[], concurrency: number): Pool[] {
@@ -357,10 +424,17 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   let windowStart = Number.POSITIVE_INFINITY;
   let windowEnd = Number.POSITIVE_INFINITY;
   let firstAnswers = 0;
+  let groupCommitsAtStart: Promise<GroupCommitCounters | null> | null = null;
+  let groupCommitsAtEnd: Promise<GroupCommitCounters | null> | null = null;
+  const readGroupCommits = () => target.groupCommits!().catch(() => null);
   const openWindow = (at: number) => {
     if (windowStart !== Number.POSITIVE_INFINITY) return;
     windowStart = at;
     windowEnd = at + seconds * 1000;
+    if (target.groupCommits) {
+      cpuTimers.push(setTimeout(() => (groupCommitsAtStart = readGroupCommits()), Math.max(0, windowStart - performance.now())));
+      cpuTimers.push(setTimeout(() => (groupCommitsAtEnd = readGroupCommits()), Math.max(0, windowEnd - performance.now())));
+    }
     if (meter) {
       cpuTimers.push(setTimeout(() => meter.start(), Math.max(0, windowStart - performance.now())));
       cpuTimers.push(setTimeout(() => void meter.stop().catch(() => undefined), Math.max(0, windowEnd - performance.now())));
@@ -416,6 +490,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
     meter?.poll();
   }, 250);
   let cpu: CpuFigures | undefined;
+  let groupCommit: GroupCommitFigures | undefined;
   try {
     await Promise.all(Array.from({ length: concurrency }, (_, index) => client(index)));
     // Closed at the window's end already, unless the last answers beat the timer to it.
@@ -425,6 +500,10 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
         return undefined;
       });
     }
+    // The window's end, unless the last answers beat the timer to it.
+    if (groupCommitsAtStart !== null && groupCommitsAtEnd === null) groupCommitsAtEnd = readGroupCommits();
+    const [atStart, atEnd] = await Promise.all([groupCommitsAtStart, groupCommitsAtEnd]);
+    if (atStart && atEnd) groupCommit = groupCommitFigures(atStart, atEnd);
   } finally {
     clearInterval(sampler);
     clearTimeout(cap);
@@ -453,6 +532,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       peakConnections,
       ...(probe ? { peakBackends: probe.peakBackends } : {}),
       ...(cpu ? { cpu } : {}),
+      ...(groupCommit ? { groupCommit } : {}),
     },
   };
 }
@@ -495,6 +575,7 @@ async function runLoad(result: TargetResult, target: LoadTarget): Promise<number
       const cpu = measurement.cpu;
       process.stderr.write(`    CPU ms/task: ${cpuText(cpuPerTask(cpu))}; ${cpu.tasks} tasks in ${fmt(cpu.spanMs / 1000, 2)} s\n`);
     }
+    if (measurement.groupCommit) process.stderr.write(`    group commit: ${groupCommitText(measurement.groupCommit)}\n`);
   }
   return requests;
 }
@@ -965,6 +1046,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         databaseName: databaseName(databaseUrl),
         ...(processes ? { processes } : {}),
         ...(counting ? { statements: () => statementsRun(databaseName(databaseUrl)) } : {}),
+        groupCommits: () => groupCommitCounters(nodes.map((node) => node.origin)),
       });
       const erred = result.measurements.some((m) => m.round === currentRound && m.errors > 0);
       for (const node of nodes) {

@@ -9,11 +9,8 @@ import { isConnectionError } from './pool.js';
 // fails with an error of its own (not a lost connection) is written again item by item, so one bad
 // item fails alone and every other item of its batch is written.
 
-export type BatchWriter<I, R> = {
-  /** Writes all items together; the results are in the items' order. */
-  writeBatch: (items: readonly I[]) => Promise<readonly R[]>;
-  /** Writes one item alone: a batch of one, and the retry of an item of a batch that failed. */
-  writeOne: (item: I) => Promise<R>;
+/** How a group commit batches and what it reports, as its owner configures it. */
+export type BatchOptions = {
   /** At most this many items per batch (a bound on statement size and transaction length). */
   maxBatch: number;
   /**
@@ -23,11 +20,24 @@ export type BatchWriter<I, R> = {
   lanes?: number;
   /** Called once per flushed batch with its size (metrics). */
   onBatch?: (size: number) => void;
+  /**
+   * Called once per batch after it was written (committed, or failed and retried item by item):
+   * how long each item waited for its batch to start, and how long the batch took from its start
+   * to its last item's answer, in milliseconds (metrics: where a write's time goes).
+   */
+  onWritten?: (waitedMs: readonly number[], writeMs: number) => void;
+};
+
+export type BatchWriter<I, R> = BatchOptions & {
+  /** Writes all items together; the results are in the items' order. */
+  writeBatch: (items: readonly I[]) => Promise<readonly R[]>;
+  /** Writes one item alone: a batch of one, and the retry of an item of a batch that failed. */
+  writeOne: (item: I) => Promise<R>;
   /** Each item of a batch that rolled back, before it is written again alone (to give back what the attempt took). */
   rolledBack?: (item: I) => void;
 };
 
-type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void };
+type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void; submittedAt: number };
 
 export class GroupCommit<I, R> {
   private queue: Pending<I, R>[] = [];
@@ -42,7 +52,7 @@ export class GroupCommit<I, R> {
   /** Writes the item with whatever else is ready; resolves once its batch (or its own retry) committed. */
   submit(item: I): Promise<R> {
     return new Promise<R>((resolve, reject) => {
-      this.queue.push({ item, resolve, reject });
+      this.queue.push({ item, resolve, reject, submittedAt: performance.now() });
       this.schedule();
     });
   }
@@ -72,7 +82,10 @@ export class GroupCommit<I, R> {
     while (this.queue.length > 0) {
       const batch = this.queue.splice(0, this.writer.maxBatch);
       this.writer.onBatch?.(batch.length);
+      const startedAt = performance.now();
       await this.write(batch);
+      const { onWritten } = this.writer;
+      if (onWritten) onWritten(batch.map((pending) => startedAt - pending.submittedAt), performance.now() - startedAt);
     }
   }
 

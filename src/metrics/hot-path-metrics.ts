@@ -10,11 +10,15 @@ export type RunStartPath = 'fast' | 'queue';
 export type BatchKind = 'creation' | 'completion';
 
 const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64];
+/** Seconds: a lone write on a local database takes about a millisecond, a batch under load several. */
+const WRITE_TIME_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1];
 
 export class HotPathMetrics {
   readonly registry = new Registry();
   private readonly runsStarted: Counter<'path'>;
   private readonly batches: Histogram<'kind'>;
+  private readonly waits: Histogram<'kind'>;
+  private readonly writes: Histogram<'kind'>;
 
   constructor() {
     const registers = [this.registry];
@@ -31,6 +35,20 @@ export class HotPathMetrics {
       buckets: BATCH_BUCKETS,
       registers,
     });
+    this.waits = new Histogram({
+      name: 'keel_group_commit_wait_seconds',
+      help: 'How long each write waited for its group commit to start (every lane busy with an earlier batch)',
+      labelNames: ['kind'],
+      buckets: WRITE_TIME_BUCKETS,
+      registers,
+    });
+    this.writes = new Histogram({
+      name: 'keel_group_commit_write_seconds',
+      help: 'How long each group commit took, from its start to its answer: the statement built (sealing included), sent, run and committed',
+      labelNames: ['kind'],
+      buckets: WRITE_TIME_BUCKETS,
+      registers,
+    });
   }
 
   runStarted(path: RunStartPath): void {
@@ -39,5 +57,12 @@ export class HotPathMetrics {
 
   batch(kind: BatchKind, size: number): void {
     this.batches.observe({ kind }, size);
+  }
+
+  /** A batch was written: each of its writes' wait and the batch's own time, in milliseconds. */
+  batchWritten(kind: BatchKind, waitedMs: readonly number[], writeMs: number): void {
+    const waits = this.waits.labels({ kind });
+    for (const waited of waitedMs) waits.observe(waited / 1000);
+    this.writes.observe({ kind }, writeMs / 1000);
   }
 }

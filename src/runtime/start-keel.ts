@@ -190,6 +190,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
           maxBatch: COMPLETION_BATCH,
           lanes: BATCH_LANES,
           onBatch: (size) => hotPath.batch('completion', size),
+          onWritten: (waitedMs, writeMs) => hotPath.batchWritten('completion', waitedMs, writeMs),
         }),
         onRunStarted: (path) => hotPath.runStarted(path),
         onFastRuns: (inFlight) => {
@@ -245,7 +246,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
-      creations: new TaskCreations(database.pool, sealing.sealer, { maxBatch: CREATION_BATCH, lanes: BATCH_LANES, onBatch: (size) => hotPath.batch('creation', size) }),
+      creations: new TaskCreations(database.pool, sealing.sealer, {
+        maxBatch: CREATION_BATCH,
+        lanes: BATCH_LANES,
+        onBatch: (size) => hotPath.batch('creation', size),
+        onWritten: (waitedMs, writeMs) => hotPath.batchWritten('creation', waitedMs, writeMs),
+      }),
       fastRuns: executor?.fastRuns ?? null,
       projectionOptions,
       onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),

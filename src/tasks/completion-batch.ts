@@ -1,5 +1,5 @@
 import type { DatabasePool } from 'slonik';
-import { GroupCommit } from '../db/group-commit.js';
+import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { completeHeldRuns, writableHeld } from './complete-held-runs.js';
@@ -15,7 +15,6 @@ import { completeRunsTogether } from './complete-runs-together.js';
 // all; one that fails is written again completion by completion, so one bad run (a result that
 // cannot be stored) fails alone and the others complete.
 
-type Options = { maxBatch: number; lanes?: number; onBatch?: (size: number) => void };
 type HeldCompletion = CompletionInput & { held: HeldRows };
 
 export class CompletionBatch {
@@ -23,12 +22,10 @@ export class CompletionBatch {
   private readonly held: GroupCommit<HeldCompletion, CompletionResult | null>;
   private readonly transactions: GroupCommit<CompletionInput, CompletionResult>;
 
-  constructor(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, options: Options) {
+  constructor(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, options: BatchOptions) {
     const common = {
+      ...options,
       rolledBack: (input: CompletionInput) => input.rolledBack?.(),
-      maxBatch: options.maxBatch,
-      ...(options.lanes ? { lanes: options.lanes } : {}),
-      ...(options.onBatch ? { onBatch: options.onBatch } : {}),
     };
     this.held = new GroupCommit<HeldCompletion, CompletionResult | null>({
       ...common,

@@ -1,7 +1,7 @@
 import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
-import { GroupCommit } from '../db/group-commit.js';
+import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
 import { PREPARED } from '../db/prepared-statements.js';
 import { SameTextStatement } from '../db/same-text-statement.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
@@ -165,17 +165,15 @@ export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: S
 export class TaskCreations {
   private readonly group: GroupCommit<TaskCreation, void>;
 
-  constructor(pool: DatabasePool, sealer: Sealer, options: { maxBatch: number; lanes?: number; onBatch?: (size: number) => void }) {
+  constructor(pool: DatabasePool, sealer: Sealer, options: BatchOptions) {
     const write = (creations: readonly TaskCreation[]) => createTasksInNewContexts(pool, sealer, creations);
     this.group = new GroupCommit({
+      ...options,
       writeBatch: async (creations) => {
         await write(creations);
         return creations.map(() => undefined);
       },
       writeOne: (creation) => write([creation]),
-      maxBatch: options.maxBatch,
-      ...(options.lanes ? { lanes: options.lanes } : {}),
-      ...(options.onBatch ? { onBatch: options.onBatch } : {}),
     });
   }
 

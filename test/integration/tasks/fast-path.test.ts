@@ -137,10 +137,14 @@ describe('a process with workers and a free run slot', () => {
     const fastBefore = await metric(fast, 'keel_runs_started_total{path="fast"}');
     const creationsBefore = await metric(fast, 'keel_group_commit_batch_size_count{kind="creation"}');
     const completionsBefore = await metric(fast, 'keel_group_commit_batch_size_count{kind="completion"}');
+    const timed = ['wait', 'write'].flatMap((what) => ['creation', 'completion'].map((kind) => `keel_group_commit_${what}_seconds_count{kind="${kind}"}`));
+    const timedBefore = await Promise.all(timed.map((name) => metric(fast, name)));
     await send(fast, fastToken, 'echo', 'counted');
     expect(await metric(fast, 'keel_runs_started_total{path="fast"}')).toBe(fastBefore + 1);
     expect(await metric(fast, 'keel_group_commit_batch_size_count{kind="creation"}')).toBe(creationsBefore + 1);
     expect(await metric(fast, 'keel_group_commit_batch_size_count{kind="completion"}')).toBe(completionsBefore + 1);
+    // One write of each kind, in a batch of its own: one wait and one batch time each.
+    expect(await Promise.all(timed.map((name) => metric(fast, name)))).toEqual(timedBefore.map((count) => count + 1));
   });
 
   it('shows clients the same journal as a queued run of the same message', async () => {

@@ -73,4 +73,28 @@ describe('GroupCommit', () => {
     expect(results.every((result) => result.status === 'rejected')).toBe(true);
     expect(calls).toEqual([{ kind: 'batch', items: [1, 2, 3] }]);
   });
+  it('reports each batch once it is written: every item\'s wait for its batch, and the batch\'s own time', async () => {
+    const written: Array<{ waitedMs: readonly number[]; writeMs: number }> = [];
+    const group = new GroupCommit<number, number>({
+      writeBatch: async (items) => {
+        await new Promise((resolve) => setTimeout(resolve, 30));
+        return [...items];
+      },
+      writeOne: async (item) => {
+        await new Promise((resolve) => setTimeout(resolve, 30));
+        return item;
+      },
+      maxBatch: 8,
+      onWritten: (waitedMs, writeMs) => written.push({ waitedMs, writeMs }),
+    });
+    const first = group.submit(1);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    // 2 and 3 arrive while 1 is being written: they wait for it, then go together.
+    await Promise.all([first, group.submit(2), group.submit(3)]);
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(written.map((batch) => batch.waitedMs.length)).toEqual([1, 2]);
+    expect(written[0]!.waitedMs[0]!, 'a lone item starts on the next turn of the event loop').toBeLessThan(20);
+    for (const waited of written[1]!.waitedMs) expect(waited, 'the second batch waited for the first to return').toBeGreaterThanOrEqual(15);
+    for (const batch of written) expect(batch.writeMs, 'a batch takes at least its writer\'s 30 ms').toBeGreaterThanOrEqual(28);
+  });
 });
