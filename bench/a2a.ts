@@ -27,6 +27,7 @@ import {
   rpcBody,
   runBench,
   runCommand,
+  scrapeMetrics,
   sendMessageParams,
   sleep,
   throwIfInterrupted,
@@ -295,7 +296,7 @@ type LoadTarget = {
   /** The statements the target's server has run so far, read at the phases' edges (after the idle wait). */
   statements?: () => Promise<number>;
   /** Keel: its group commits' counters so far (from every process's /metrics), read at the window's edges. */
-  groupCommits?: () => Promise<GroupCommitCounters>;
+  groupCommits?: () => Promise<GroupCommitCounters | null>;
 };
 
 type GroupCommitKind = 'creation' | 'completion';
@@ -306,25 +307,22 @@ type GroupCommitFigures = Record<GroupCommitKind, { batches: number; perBatch: n
 
 const GROUP_COMMIT_KINDS: readonly GroupCommitKind[] = ['creation', 'completion'];
 
-/** The group-commit counters of the Keel processes at `origins`, summed. */
-async function groupCommitCounters(origins: readonly string[]): Promise<GroupCommitCounters> {
-  const counters = Object.fromEntries(GROUP_COMMIT_KINDS.map((kind) => [kind, { batches: 0, writes: 0, waitSeconds: 0, writeSeconds: 0 }])) as GroupCommitCounters;
-  const series = {
-    batches: 'keel_group_commit_batch_size_count',
-    writes: 'keel_group_commit_batch_size_sum',
-    waitSeconds: 'keel_group_commit_wait_seconds_sum',
-    writeSeconds: 'keel_group_commit_write_seconds_sum',
-  } as const;
-  for (const origin of origins) {
-    const text = await (await fetch(`${origin}/metrics`, { signal: AbortSignal.timeout(10_000) })).text();
-    for (const line of text.split('\n')) {
-      const match = /^(\w+)\{kind="(creation|completion)"\} (\S+)$/.exec(line);
-      if (!match) continue;
-      const field = (Object.keys(series) as Array<keyof typeof series>).find((key) => series[key] === match[1]);
-      if (field) counters[match[2] as GroupCommitKind][field] += Number(match[3]);
-    }
-  }
-  return counters;
+/** The group-commit counters of the Keel processes at `origins`, summed; null when one could not be read. */
+async function groupCommitCounters(origins: readonly string[]): Promise<GroupCommitCounters | null> {
+  const scraped = await Promise.all(origins.map((origin) => scrapeMetrics(origin)));
+  if (scraped.some((series) => series === null)) return null;
+  const sum = (name: string, kind: GroupCommitKind) => scraped.reduce((total, series) => total + (series!.get(`${name}{kind="${kind}"}`) ?? 0), 0);
+  return Object.fromEntries(
+    GROUP_COMMIT_KINDS.map((kind) => [
+      kind,
+      {
+        batches: sum('keel_group_commit_batch_size_count', kind),
+        writes: sum('keel_group_commit_batch_size_sum', kind),
+        waitSeconds: sum('keel_group_commit_wait_seconds_sum', kind),
+        writeSeconds: sum('keel_group_commit_write_seconds_sum', kind),
+      },
+    ]),
+  ) as GroupCommitCounters;
 }
 
 function groupCommitFigures(before: GroupCommitCounters, after: GroupCommitCounters): GroupCommitFigures {
@@ -414,7 +412,8 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
     cpuEnabled && target.processes
       ? new CpuMeter(target.processes, probe, (from, to) => successTimes.filter((at) => at >= from && at <= to).length)
       : null;
-  const cpuTimers: NodeJS.Timeout[] = [];
+  // Timers at the window's edges: the CPU meter and Keel's group-commit counters start and stop there.
+  const windowTimers: NodeJS.Timeout[] = [];
   const begin = performance.now();
   // The measured window opens after the warm-up, and not before every client has had its first
   // answer: at high concurrency the first wave (all clients at once, cold caches, a queue backlog)
@@ -426,18 +425,18 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   let firstAnswers = 0;
   let groupCommitsAtStart: Promise<GroupCommitCounters | null> | null = null;
   let groupCommitsAtEnd: Promise<GroupCommitCounters | null> | null = null;
-  const readGroupCommits = () => target.groupCommits!().catch(() => null);
+  const readGroupCommits = target.groupCommits;
   const openWindow = (at: number) => {
     if (windowStart !== Number.POSITIVE_INFINITY) return;
     windowStart = at;
     windowEnd = at + seconds * 1000;
-    if (target.groupCommits) {
-      cpuTimers.push(setTimeout(() => (groupCommitsAtStart = readGroupCommits()), Math.max(0, windowStart - performance.now())));
-      cpuTimers.push(setTimeout(() => (groupCommitsAtEnd = readGroupCommits()), Math.max(0, windowEnd - performance.now())));
+    if (readGroupCommits) {
+      windowTimers.push(setTimeout(() => (groupCommitsAtStart = readGroupCommits()), Math.max(0, windowStart - performance.now())));
+      windowTimers.push(setTimeout(() => (groupCommitsAtEnd = readGroupCommits()), Math.max(0, windowEnd - performance.now())));
     }
     if (meter) {
-      cpuTimers.push(setTimeout(() => meter.start(), Math.max(0, windowStart - performance.now())));
-      cpuTimers.push(setTimeout(() => void meter.stop().catch(() => undefined), Math.max(0, windowEnd - performance.now())));
+      windowTimers.push(setTimeout(() => meter.start(), Math.max(0, windowStart - performance.now())));
+      windowTimers.push(setTimeout(() => void meter.stop().catch(() => undefined), Math.max(0, windowEnd - performance.now())));
     }
   };
   const cap = setTimeout(() => openWindow(performance.now()), warmupSeconds * 1000 + MAX_WARMUP_EXTENSION_MS);
@@ -501,13 +500,13 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       });
     }
     // The window's end, unless the last answers beat the timer to it.
-    if (groupCommitsAtStart !== null && groupCommitsAtEnd === null) groupCommitsAtEnd = readGroupCommits();
+    if (readGroupCommits && groupCommitsAtStart !== null && groupCommitsAtEnd === null) groupCommitsAtEnd = readGroupCommits();
     const [atStart, atEnd] = await Promise.all([groupCommitsAtStart, groupCommitsAtEnd]);
     if (atStart && atEnd) groupCommit = groupCommitFigures(atStart, atEnd);
   } finally {
     clearInterval(sampler);
     clearTimeout(cap);
-    for (const timer of cpuTimers) clearTimeout(timer);
+    for (const timer of windowTimers) clearTimeout(timer);
     await Promise.all(pools.map((pool) => pool.close().catch(() => undefined)));
     await probe?.close();
   }
