@@ -144,19 +144,26 @@ describe('ListTasks totalSize from the task counters', () => {
     await send('echo', 3);
     await send('broken', 1);
     // Take 0009 back out of this database (its tasks stay), with the per-statement count triggers
-    // 0016 put in its trigger's place, and apply both again (0016 may run again).
+    // 0016 and 0020 put in its trigger's place, and apply the three again (0016 and 0020 may run again).
     await keel.context.pool.transaction(async (transaction) => {
-      for (const trigger of ['a2a_tasks_count_inserts', 'a2a_tasks_count_deletes', 'a2a_tasks_count_rekeys']) {
+      for (const trigger of ['a2a_tasks_count_inserts', 'a2a_tasks_count_deletes', 'a2a_tasks_count_updates']) {
         await transaction.query(sql.unsafe`DROP TRIGGER ${sql.identifier([trigger])} ON a2a_tasks`);
       }
-      await transaction.query(sql.unsafe`DROP FUNCTION keel_count_inserted_tasks(), keel_count_deleted_tasks(), keel_count_rekeyed_task()`);
+      await transaction.query(sql.unsafe`DROP FUNCTION keel_count_inserted_tasks(), keel_count_deleted_tasks(), keel_count_updated_tasks()`);
       await transaction.query(sql.unsafe`DROP TABLE a2a_task_counts, a2a_task_count_deltas`);
       await transaction.query(sql.unsafe`DROP INDEX a2a_tasks_agent_list_idx`);
       await transaction.query(sql.unsafe`CREATE INDEX a2a_tasks_owner_list_idx ON a2a_tasks (owner, status_timestamp DESC, id DESC)`);
-      await transaction.query(sql.unsafe`DELETE FROM keel_migrations WHERE id IN (9, 16)`);
+      await transaction.query(sql.unsafe`DELETE FROM keel_migrations WHERE id IN (9, 16, 20)`);
     });
     const migrated = await migrate(keel.databaseUrl);
-    expect(migrated).toMatchObject({ ok: true, applied: ['0009_task_counts.sql', '0016_fewer_row_versions.sql'] });
+    expect(migrated).toMatchObject({ ok: true, applied: ['0009_task_counts.sql', '0016_fewer_row_versions.sql', '0020_task_counts_per_statement.sql'] });
+    // 0016 put its row trigger back; 0020, applied after it, took it out again.
+    expect(await keel.context.pool.anyFirst(sql.type(z.object({ name: z.string() }))`
+      SELECT tgname AS name FROM pg_trigger WHERE tgrelid = 'a2a_tasks'::regclass AND tgname LIKE 'a2a_tasks_count%' ORDER BY 1`)).toEqual([
+      'a2a_tasks_count_deletes',
+      'a2a_tasks_count_inserts',
+      'a2a_tasks_count_updates',
+    ]);
     expect(await deltaRows()).toBe(0);
     const backfilled = await countsBothWays();
     expect(backfilled.counted).toEqual(backfilled.exact);

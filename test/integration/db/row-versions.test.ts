@@ -20,8 +20,8 @@ import { createTestClient, createTestDatabase, type TestDatabase } from '../../s
 import { testSealer } from '../../support/test-sealer.js';
 import { writesOf } from '../../support/table-writes.js';
 
-// What sql/0016 promises, read from Postgres's own statistics on a real database: task-count deltas
-// are appended once per statement and key, not once per task, and a state change is one row (a
+// What sql/0016 and 0020 promise, read from Postgres's own statistics on a real database: task-count
+// deltas are appended once per statement and key, not once per task, whoever writes the state, and a state change is one row (a
 // move from one state to another), not two; the writes a
 // run goes through before its settle are HOT updates (no index entry, pg_stat_user_tables'
 // n_tup_hot_upd grows); and the lookups of open runs use the index of open runs.
@@ -132,6 +132,33 @@ describe('task-count deltas are appended per statement and key', () => {
     const unchanged = await deltaCount();
     for (const run of claimed) expect(await renewLease(db.pool, run.id, worker)).toBe(true);
     expect(await deltaCount()).toBe(unchanged);
+  });
+
+  it('any update of tasks is counted once per statement (sql/0020): N states written by hand are one move per key, an agent written by hand is -1 and +1, other columns nothing', async () => {
+    const ids = await createTasksInOneStatement(Array.from({ length: 5 }, () => ({ owner: ANONYMOUS, agent: 'hand' })));
+    const moved = await deltaCount();
+    await db.pool.query(sql.unsafe`UPDATE a2a_tasks SET state = 'TASK_STATE_FAILED' WHERE id = ANY(${sql.array(ids.slice(0, 4), 'uuid')})`);
+    expect(await deltasAfter(moved)).toEqual([{ owner: ANONYMOUS, agent: 'hand', state: 'TASK_STATE_FAILED', from_state: 'TASK_STATE_SUBMITTED', n: 4 }]);
+
+    const rekeyed = await deltaCount();
+    await db.pool.query(sql.unsafe`UPDATE a2a_tasks SET agent = 'handed', state = 'TASK_STATE_CANCELED' WHERE id = ${ids[4]!}`);
+    expect(await deltasAfter(rekeyed)).toEqual([
+      { owner: ANONYMOUS, agent: 'handed', state: 'TASK_STATE_CANCELED', from_state: null, n: 1 },
+      { owner: ANONYMOUS, agent: 'hand', state: 'TASK_STATE_SUBMITTED', from_state: null, n: -1 },
+    ]);
+
+    const untouched = await deltaCount();
+    await db.pool.query(sql.unsafe`UPDATE a2a_tasks SET metadata = '{"repaired": true}' WHERE id = ANY(${sql.array(ids, 'uuid')})`);
+    expect(await deltaCount()).toBe(untouched);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'hand', state: 'TASK_STATE_FAILED' })).toBe(4);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'hand' })).toBe(4);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'handed', state: 'TASK_STATE_CANCELED' })).toBe(1);
+
+    await db.pool.query(sql.unsafe`DELETE FROM runs WHERE id = ANY(${sql.array(ids.slice(0, 4), 'uuid')})`);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'hand' })).toBe(0);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'handed' })).toBe(1);
+    await db.pool.query(sql.unsafe`DELETE FROM runs WHERE id = ${ids[4]!}`);
+    expect(await countTasks(db.pool, { owner: ANONYMOUS, agent: 'handed' })).toBe(0);
   });
 
   it('a state written by hand (an operator repair) is counted too, and a statement deleting N tasks appends one row per key', async () => {

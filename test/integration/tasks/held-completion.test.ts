@@ -121,7 +121,7 @@ describe('a fast run whose rows are as its insert left them', () => {
     }
   });
 
-  it('writes each task row once: result, watermark, state and status time in one version; the move counted once', async () => {
+  it('writes each task row once: result, watermark, state and status time in one version; the move counted once, in one row for the statement', async () => {
     const items = [fastTask('a'), fastTask('b'), fastTask('c')];
     await createTasksInNewContexts(db.pool, sealer, items.map((item) => item.creation));
     const ids = items.map((item) => item.run.id);
@@ -129,6 +129,8 @@ describe('a fast run whose rows are as its insert left them', () => {
       db.pool.any(sql.type(z.object({ state: z.string(), from_state: z.string().nullable(), n: z.number() }))`
         SELECT state, from_state, sum(n)::int AS n FROM a2a_task_count_deltas WHERE owner = ${owner} AND from_state IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2`);
     const movedBefore = await deltas();
+    const deltaRows = () => db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM a2a_task_count_deltas`);
+    const rowsBefore = await deltaRows();
     const written = await db.pool.connect((connection) => writesOf(connection, 'a2a_tasks', () => completeHeldRuns(connection, sealer, items.map(heldCompletion))));
     // Three tasks, three row updates: the runs trigger found them COMPLETED already and wrote none.
     expect(written.updates).toBe(3);
@@ -143,6 +145,8 @@ describe('a fast run whose rows are as its insert left them', () => {
     const moved = (rows: ReadonlyArray<{ state: string; from_state: string | null; n: number }>) =>
       rows.find((row) => row.state === 'TASK_STATE_COMPLETED' && row.from_state === 'TASK_STATE_WORKING')?.n ?? 0;
     expect(moved(await deltas()) - moved(movedBefore)).toBe(3);
+    // In one delta row for the statement, not one per task (sql/0020).
+    expect(await deltaRows()).toBe(rowsBefore + 1);
     const counted = await countTasks(db.pool, { owner, agent: 'echo', state: 'TASK_STATE_COMPLETED' });
     const stored = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
       SELECT count(*)::int AS n FROM a2a_tasks WHERE owner = ${owner} AND agent = 'echo' AND state = 'TASK_STATE_COMPLETED'`);
