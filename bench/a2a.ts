@@ -90,6 +90,11 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          on the Postgres queue holds more connections than a default server's 100,
 //                          and the bench takes none from other work on the shared server.
 //                          machine: the server at KEEL_BENCH_ADMIN_URL (bench/support.ts).
+//   BENCH_POSTGRES_TRANSPORT socket | tcp (socket with the private cluster, tcp on the machine's
+//                          server): how the servers on Postgres (Keel and the SDK's store alike)
+//                          reach the private cluster: its Unix socket, as a client on the same
+//                          machine usually connects, or loopback TCP. The bench's own connections
+//                          use TCP either way (docs/decisions/0043-bench-servers-on-the-unix-socket.md).
 //   BENCH_PG_BINDIR        where initdb and postgres are (/usr/lib/postgresql/<major>/bin, pg_config)
 //   BENCH_PG_SETTLE_SECONDS idle seconds before and after each concurrency of a database target, so
 //                          that every backend has reported its commits (11; 0: no commits/req or
@@ -228,6 +233,8 @@ const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', 
 const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
 const usePrivatePostgres = knobs.choice<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']) === 'private';
+const postgresTransport = knobs.choice<'socket' | 'tcp'>('BENCH_POSTGRES_TRANSPORT', usePrivatePostgres ? 'socket' : 'tcp', ['socket', 'tcp']);
+if (postgresTransport === 'socket' && !usePrivatePostgres) fail('BENCH_POSTGRES_TRANSPORT=socket: only the private cluster\'s socket is known to the bench (BENCH_POSTGRES=private)');
 const privateMaxConnections = knobs.positive('BENCH_PG_MAX_CONNECTIONS', 500);
 const settleSeconds = knobs.nonNegative('BENCH_PG_SETTLE_SECONDS', 11);
 const cpuEnabled = knobs.flag('BENCH_CPU');
@@ -237,6 +244,8 @@ const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
 /** The server the bench databases are created on: the machine's, or the private cluster once started. */
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
+/** A bench database's URL as the servers under test get it: through the private cluster's socket or over TCP (BENCH_POSTGRES_TRANSPORT). */
+const serverDatabaseUrl = (url: string): string => (postgresTransport === 'socket' && privatePostgres ? privatePostgres.socketUrl(url) : url);
 // ---------------------------------------------------------------------------------------------
 // Interruption and child processes (bench/keel-harness.ts): every child runs in a process group of
 // its own and is on the clean-up watchdog's list, as are the private cluster, the bench databases
@@ -918,7 +927,7 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
   await withTrackedDatabase(async (databaseUrl) => {
     // The store's table comes from the SDK's own migration tool, as its docs ask.
     await promisify(execFile)(process.execPath, [a2aDbScript, 'upgrade', '--url', databaseUrl, '--store', 'tasks'], { cwd: repoRoot });
-    const { child, origin } = await startSdkServer('postgres', databaseUrl);
+    const { child, origin } = await startSdkServer('postgres', serverDatabaseUrl(databaseUrl));
     let requests = 0;
     let statements = 0;
     let before: DatabaseCounters | undefined;
@@ -961,7 +970,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     const env: NodeJS.ProcessEnv = {
       ...process.env,
       KEEL_CONFIG: configFile,
-      KEEL_DATABASE_URL: databaseUrl,
+      KEEL_DATABASE_URL: serverDatabaseUrl(databaseUrl),
       KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
       KEEL_SERVER_HOST: '127.0.0.1',
       KEEL_DATA_DIR: dataDir,
@@ -1115,12 +1124,12 @@ function rowLabel(result: TargetResult): string {
 // ---------------------------------------------------------------------------------------------
 // Report.
 
-type PostgresInfo = { kind: 'private' | 'machine'; version: string; maxConnections: number; settings: string[] };
+type PostgresInfo = { kind: 'private' | 'machine'; transport: 'socket' | 'tcp'; version: string; maxConnections: number; settings: string[] };
 
 function postgresLine(info: PostgresInfo): string {
   return info.kind === 'private'
-    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'})`
-    : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it`;
+    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'}); the servers reach it ${info.transport === 'socket' ? 'through its Unix socket' : 'over loopback TCP'}`
+    : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it, over loopback TCP`;
 }
 
 
@@ -1524,7 +1533,9 @@ async function main(): Promise<number> {
       onServer: (pid, dir) => guard({ kind: 'postgres', pid, dir }),
     });
     adminUrl = privatePostgres.adminUrl;
-    process.stderr.write(` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}\n`);
+    process.stderr.write(
+      ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : 'over loopback TCP'}\n`,
+    );
   }
   try {
     return await measureAll();
@@ -1543,12 +1554,12 @@ async function measureAll(): Promise<number> {
   const postgres = await withAdmin(async (client): Promise<PostgresInfo> => {
     const version = (await client.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
     const maxConnections = Number((await client.query<{ max_connections: string }>('SHOW max_connections')).rows[0]!.max_connections);
-    return { kind: usePrivatePostgres ? 'private' : 'machine', version, maxConnections, settings: privatePostgres?.settings ?? [] };
+    return { kind: usePrivatePostgres ? 'private' : 'machine', transport: postgresTransport, version, maxConnections, settings: privatePostgres?.settings ?? [] };
   });
   const keelNote = targetKinds.includes('keel') ? `; Keel topologies ${topologies.join(', ')} on queue ${keelQueues.join(', ')}, auth ${keelAuthMode}` : '';
   console.error(
     `bench:a2a: targets ${targetKinds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s server warm-up, then ` : ''}${warmupSeconds} s warm-up + ${seconds} s each` +
-      `${rounds > 1 ? `; ${rounds} rounds` : ''}${keelNote}; Postgres ${postgres.kind} (max_connections ${postgres.maxConnections})`,
+      `${rounds > 1 ? `; ${rounds} rounds` : ''}${keelNote}; Postgres ${postgres.kind} (max_connections ${postgres.maxConnections}, ${postgres.transport})`,
   );
   if (postgres.kind === 'machine' && targetKinds.includes('keel') && topologies.includes('split') && keelQueues.includes('postgres') && postgres.maxConnections < 300) {
     console.error(

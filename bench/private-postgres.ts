@@ -12,7 +12,8 @@ import pg from 'pg';
 // max_connections, which is set high. For benchmarks whose targets hold more connections than a
 // shared server allows (several Keel processes on the Postgres queue backend hold a hundred or
 // more), and so that a benchmark neither takes connections from other work on the shared server
-// nor loses its own to it. Trust authentication, loopback TCP only, no Unix socket.
+// nor loses its own to it. Trust authentication, on loopback TCP and on a Unix socket in its data
+// directory (`socketUrl`), the way a client on the same machine usually connects.
 
 /** Settings copied from the mirrored server (those that change how fast a commit or a query is). */
 const MIRRORED_SETTINGS = [
@@ -40,8 +41,10 @@ const MIRRORED_SETTINGS = [
 ];
 
 export type PrivatePostgres = {
-  /** Superuser URL of the `postgres` database. */
+  /** Superuser URL of the `postgres` database, over loopback TCP. */
   adminUrl: string;
+  /** The same URL (or another database's on this cluster) with the host replaced by the cluster's Unix socket directory. */
+  socketUrl: (url: string) => string;
   version: string;
   dataDir: string;
   /** The postmaster's pid. */
@@ -153,7 +156,8 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
     '-c',
     'listen_addresses=127.0.0.1',
     '-c',
-    'unix_socket_directories=',
+    // The data directory: the server's own, private, and a short path (a socket path has 107 bytes).
+    `unix_socket_directories=${dataDir}`,
     '-c',
     `max_connections=${maxConnections}`,
     // Statements per request (bench:a2a): loaded, but tracking nothing unless a database asks for
@@ -218,7 +222,13 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
       await client.connect();
       const version = (await client.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
       await client.end();
-      return { adminUrl, version, dataDir, pid: child.pid!, settings, maxConnections, stop, kill: () => signalServer('SIGQUIT') };
+      const socketUrl = (url: string) => {
+        const parsed = new URL(url);
+        // libpq's and node-postgres's form: a host that is a directory, percent-encoded.
+        parsed.hostname = encodeURIComponent(dataDir);
+        return parsed.toString();
+      };
+      return { adminUrl, socketUrl, version, dataDir, pid: child.pid!, settings, maxConnections, stop, kill: () => signalServer('SIGQUIT') };
     } catch {
       await client.end().catch(() => undefined);
       await new Promise((resolve) => setTimeout(resolve, 100));
