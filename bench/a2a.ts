@@ -245,7 +245,7 @@ const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
 /** A bench database's URL as the servers under test get it: through the private cluster's socket or over TCP (BENCH_POSTGRES_TRANSPORT). */
-const serverDatabaseUrl = (url: string): string => (postgresTransport === 'socket' && privatePostgres ? privatePostgres.socketUrl(url) : url);
+const serverDatabaseUrl = (url: string): string => (postgresTransport === 'socket' && privatePostgres?.socketUrl ? privatePostgres.socketUrl(url) : url);
 // ---------------------------------------------------------------------------------------------
 // Interruption and child processes (bench/keel-harness.ts): every child runs in a process group of
 // its own and is on the clean-up watchdog's list, as are the private cluster, the bench databases
@@ -1533,6 +1533,11 @@ async function main(): Promise<number> {
       onServer: (pid, dir) => guard({ kind: 'postgres', pid, dir }),
     });
     adminUrl = privatePostgres.adminUrl;
+    if (postgresTransport === 'socket' && privatePostgres.socketUrl === null) {
+      await privatePostgres.stop();
+      process.stderr.write('\n');
+      fail(`BENCH_POSTGRES_TRANSPORT=socket: the private cluster's data directory ${privatePostgres.dataDir} is too long a path for a Unix socket; set a shorter TMPDIR, or BENCH_POSTGRES_TRANSPORT=tcp`);
+    }
     process.stderr.write(
       ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : 'over loopback TCP'}\n`,
     );

@@ -43,8 +43,11 @@ const MIRRORED_SETTINGS = [
 export type PrivatePostgres = {
   /** Superuser URL of the `postgres` database, over loopback TCP. */
   adminUrl: string;
-  /** The same URL (or another database's on this cluster) with the host replaced by the cluster's Unix socket directory. */
-  socketUrl: (url: string) => string;
+  /**
+   * The same URL (or another database's on this cluster) with the host replaced by the cluster's
+   * Unix socket directory; null when the data directory's path is too long for a socket's.
+   */
+  socketUrl: ((url: string) => string) | null;
   version: string;
   dataDir: string;
   /** The postmaster's pid. */
@@ -147,6 +150,8 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
   }
 
   const port = await freePort();
+  // A socket's path holds at most 107 bytes (sun_path); a longer TMPDIR leaves the cluster on TCP only.
+  const socketFits = Buffer.byteLength(join(dataDir, `.s.PGSQL.${port}`)) <= 107;
   const settings = mirror?.settings ?? [];
   const flags = [
     '-D',
@@ -157,7 +162,7 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
     'listen_addresses=127.0.0.1',
     '-c',
     // The data directory: the server's own, private, and a short path (a socket path has 107 bytes).
-    `unix_socket_directories=${dataDir}`,
+    `unix_socket_directories=${socketFits ? dataDir : ''}`,
     '-c',
     `max_connections=${maxConnections}`,
     // Statements per request (bench:a2a): loaded, but tracking nothing unless a database asks for
@@ -222,12 +227,14 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
       await client.connect();
       const version = (await client.query<{ server_version: string }>('SHOW server_version')).rows[0]!.server_version;
       await client.end();
-      const socketUrl = (url: string) => {
-        const parsed = new URL(url);
-        // libpq's and node-postgres's form: a host that is a directory, percent-encoded.
-        parsed.hostname = encodeURIComponent(dataDir);
-        return parsed.toString();
-      };
+      const socketUrl = socketFits
+        ? (url: string) => {
+            const parsed = new URL(url);
+            // libpq's and node-postgres's form: a host that is a directory, percent-encoded.
+            parsed.hostname = encodeURIComponent(dataDir);
+            return parsed.toString();
+          }
+        : null;
       return { adminUrl, socketUrl, version, dataDir, pid: child.pid!, settings, maxConnections, stop, kill: () => signalServer('SIGQUIT') };
     } catch {
       await client.end().catch(() => undefined);
