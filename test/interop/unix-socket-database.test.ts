@@ -10,8 +10,8 @@ import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 
 // A Postgres on the same machine is reached through its Unix socket when the database URL names
 // the socket's directory as its host, percent-encoded (postgres://user@%2Fvar%2Frun%2Fpostgresql/db,
-// README "Configuration"): Keel's pool, its journal listener and its migrations all connect that
-// way, and a task runs end to end over it.
+// README "Production layout"): Keel's pool, its journal listener and its migrations all connect
+// that way, and a task runs end to end over it.
 
 /** The server's first socket directory, or null when it listens on none. */
 async function socketDirectory(): Promise<string | null> {
@@ -33,9 +33,10 @@ let token = '';
 beforeAll(async () => {
   if (directory === null) return;
   database = await createEmptyDatabase();
+  // The host is the directory, percent-encoded; the port names the socket file in it.
   const url = new URL(database.url);
-  const socketUrl = `postgres://${url.username}@${encodeURIComponent(directory)}:${url.port || '5432'}${url.pathname}`;
-  keel = await startTestKeel({ databaseUrl: socketUrl });
+  url.hostname = encodeURIComponent(directory);
+  keel = await startTestKeel({ databaseUrl: url.toString() });
   const created = await createClient(keel.context.pool, 'socket');
   if (!created.ok) throw new Error(created.reason);
   token = created.token;

@@ -20,9 +20,9 @@ import { createTestClient, createTestDatabase, type TestDatabase } from '../../s
 import { testSealer } from '../../support/test-sealer.js';
 import { writesOf } from '../../support/table-writes.js';
 
-// What sql/0016 and 0020 promise, read from Postgres's own statistics on a real database: task-count
-// deltas are appended once per statement and key, not once per task, whoever writes the state, and a state change is one row (a
-// move from one state to another), not two; the writes a
+// What sql/0016 and 0020 promise, read from Postgres's own statistics on a real database:
+// task-count deltas are appended once per statement and key, not once per task, whoever writes the
+// state, and a state change is one row (a move from one state to another), not two; the writes a
 // run goes through before its settle are HOT updates (no index entry, pg_stat_user_tables'
 // n_tup_hot_upd grows); and the lookups of open runs use the index of open runs.
 
