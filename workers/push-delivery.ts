@@ -69,12 +69,16 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     else await queues.ensureJob('push', jobId, { deliveryId: head.id }, { delayMs });
   }
 
+  /** A deleted or stopped config's pending deliveries are cancelled, never sent. */
+  async function cancelIfConfigGone(delivery: DeliveryRow): Promise<boolean> {
+    if (delivery.deleted_at === null && delivery.config_state !== 'stopped') return false;
+    await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, delivery.deleted_at !== null ? 'config deleted' : 'config stopped');
+    return true;
+  }
+
   async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped'> {
     const log = logger.child({ deliveryId: delivery.id, taskId: delivery.task_id, configId: delivery.config_id });
-    if (delivery.deleted_at !== null || delivery.config_state === 'stopped') {
-      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, delivery.deleted_at !== null ? 'config deleted' : 'config stopped');
-      return 'skipped';
-    }
+    if (await cancelIfConfigGone(delivery)) return 'skipped';
     if (delivery.config_state === 'paused' || delivery.behind) return 'skipped';
     if (delivery.next_attempt_at > Date.now() + 50) {
       // Woken early (a wake-up raced a retry): a job of its own for the due time.
@@ -119,6 +123,12 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       return { kind: 'dead' };
     }
     if (begun === 'not_due') return 'skipped';
+    if (begun === 'config_not_active') {
+      // Paused or stopped since this job read the config (another attempt's answer): as if read now.
+      const current = await loadDelivery(pool, delivery.id);
+      if (current) await cancelIfConfigGone(current);
+      return 'skipped';
+    }
     if (begun === 'past_deadline') {
       // The deadline passed between the check above (this worker's clock) and the attempt's own.
       await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');

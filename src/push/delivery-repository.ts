@@ -154,9 +154,11 @@ export type BegunAttempt =
   | { kind: 'begun'; attempt: number; startedAt: number }
   | { kind: 'past_deadline' }
   /** Not pending, or not due yet (a lease of another attempt, a retry time ahead). */
-  | { kind: 'not_due' };
+  | { kind: 'not_due' }
+  /** Its config is paused, stopped or deleted: nothing is sent, whatever the caller read before. */
+  | { kind: 'config_not_active' };
 
-const begunRow = z.object({ past_deadline: z.boolean(), attempts: z.number().nullable(), started_at: z.number() });
+const begunRow = z.object({ past_deadline: z.boolean(), config_not_active: z.boolean(), attempts: z.number().nullable(), started_at: z.number() });
 
 /**
  * Counts an attempt before it is made (a worker killed mid-POST still used that attempt) and leases
@@ -166,20 +168,28 @@ const begunRow = z.object({ past_deadline: z.boolean(), attempts: z.number().nul
  * The deadline is checked here too, on the database's clock, and the attempt starts at the
  * transaction's time: never past the deadline, however long the worker took since its own check
  * (and whatever the skew between the worker's clock and the database's).
+ *
+ * The config's state is checked here as well, in the same statement: a worker that read the config
+ * active and was then held up (a second job of the delivery, a wait for a connection) while another
+ * attempt paused or stopped it must not send. The pause commits before the paused delivery is made
+ * due again, so this statement sees one or the other.
  */
 export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<BegunAttempt> {
   const row = await db.maybeOne(sql.type(begunRow)`
     WITH due AS (
-      SELECT id, deadline <= now() AS past_deadline FROM push_deliveries
-      WHERE id = ${deliveryId} AND state = 'pending' AND next_attempt_at <= now() + interval '50 milliseconds'
-      FOR UPDATE),
+      SELECT d.id, d.deadline <= now() AS past_deadline, (c.state <> 'active' OR c.deleted_at IS NOT NULL) AS config_not_active
+      FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
+      WHERE d.id = ${deliveryId} AND d.state = 'pending' AND d.next_attempt_at <= now() + interval '50 milliseconds'
+      FOR UPDATE OF d),
     begun AS (
       UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = now(),
         next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
-      FROM due WHERE d.id = due.id AND NOT due.past_deadline
+      FROM due WHERE d.id = due.id AND NOT due.past_deadline AND NOT due.config_not_active
       RETURNING d.attempts)
-    SELECT due.past_deadline, (SELECT attempts FROM begun) AS attempts, (extract(epoch FROM now()) * 1000)::float8 AS started_at FROM due`);
+    SELECT due.past_deadline, due.config_not_active, (SELECT attempts FROM begun) AS attempts,
+      (extract(epoch FROM now()) * 1000)::float8 AS started_at FROM due`);
   if (row === null) return { kind: 'not_due' };
+  if (row.config_not_active) return { kind: 'config_not_active' };
   if (row.past_deadline || row.attempts === null) return { kind: 'past_deadline' };
   return { kind: 'begun', attempt: row.attempts, startedAt: row.started_at };
 }

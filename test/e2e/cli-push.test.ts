@@ -4,6 +4,7 @@ import { cliEnvFor, startTestKeel, type TestKeel } from '../support/test-keel.js
 import { waitFor } from '../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  answerAfterTerminalEvent,
   configState,
   createPushConfigRpc,
   deliveriesOf,
@@ -33,11 +34,13 @@ let activeTask = '';
 let answer401 = 401;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+  // A push timeout far above the receivers' hold (below), so a held answer is never a timeout.
+  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_TEST_PUSH_TIMEOUT_SECONDS: '15' } });
   env = cleanEnv(cliEnvFor(keel));
   clientToken = await newClientToken(keel.context.pool);
-  const auth = await startReceiver(() => ({ status: answer401 }));
-  const gone = await startReceiver(() => ({ status: 410 }));
+  // The 401 and the 410 come once the task has ended: its three events each have a delivery then.
+  const auth = await startReceiver(answerAfterTerminalEvent(keel.context.pool, () => ({ status: answer401 }), 10_000));
+  const gone = await startReceiver(answerAfterTerminalEvent(keel.context.pool, () => ({ status: 410 }), 10_000));
   const fine = await startReceiver(() => ({ status: 200 }));
   receivers.push(auth, gone, fine);
 

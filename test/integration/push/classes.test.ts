@@ -4,6 +4,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  answerAfterTerminalEvent,
   attemptsOf,
   configState,
   deliveriesOf,
@@ -285,7 +286,8 @@ describe('paused: 401 and 403', () => {
 
 describe('stopped: 404 and 410', () => {
   it.each([404, 410])('%i stops the config and cancels its pending deliveries', async (status) => {
-    const receiver = await startReceiver(() => ({ status }));
+    // Answered once the task has ended (within the push timeout): all three events have deliveries.
+    const receiver = await startReceiver(answerAfterTerminalEvent(pool(), () => ({ status }), 400));
     receivers.push(receiver);
     const configId = `gone-${status}`;
     const taskId = await pushedTask(receiver, configId);

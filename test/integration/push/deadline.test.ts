@@ -113,31 +113,46 @@ describe('push.deadlineHours', () => {
     expect(requested.every((id) => settled.some((row) => row.id === id))).toBe(true);
   });
 
-  it("an attempt begins on the database's clock: a due delivery past its deadline is not begun, whatever the worker's clock said", async () => {
+  /** A task whose config `configId` paused on a 401; its head delivery waits, attempted once. */
+  async function pausedHead(configId: string) {
     const keel = await startKeelWithDeadline({ KEEL_PUSH_DEADLINE_HOURS: '1' });
     const token = await newClientToken(keel.context.pool);
     const receiver = await startReceiver(() => ({ status: 401 }));
     receivers.push(receiver);
-    const { taskId } = await sendWithPush(keel.url, token, 'echo', 'clock', { id: 'clock', url: receiver.url });
+    const { taskId } = await sendWithPush(keel.url, token, 'echo', configId, { id: configId, url: receiver.url });
     const pool = keel.context.pool;
     // The config pauses on the 401 and its deliveries stay pending: none is attempted meanwhile.
-    await waitFor(async () => (await configState(pool, taskId, 'clock'))?.state === 'paused', 'the config to pause');
+    await waitFor(async () => (await configState(pool, taskId, configId))?.state === 'paused', 'the config to pause');
     const [head] = await deliveriesOf(pool, taskId);
-    const attemptsBefore = (await attemptsOf(pool, head!.id)).length;
     const counted = () => pool.oneFirst(sql.type(z.object({ attempts: z.number() }))`SELECT attempts FROM push_deliveries WHERE id = ${head!.id}`);
+    return { pool, taskId, head, counted, receiver };
+  }
+
+  it("an attempt begins on the database's clock: a due delivery past its deadline is not begun, whatever the worker's clock said", async () => {
+    const { pool, taskId, head, counted } = await pausedHead('clock');
+    const attemptsBefore = (await attemptsOf(pool, head!.id)).length;
     const before = await counted();
+    // The config is made active only inside the attempt's own transaction, so the worker never
+    // sees it active and the head stays this test's to begin.
+    const beginWhileActive = (leaseMs: number) =>
+      pool.transaction(async (transaction) => {
+        await transaction.query(sql.unsafe`UPDATE push_configs SET state = 'active' WHERE task_id = ${taskId} AND id = 'clock'`);
+        const outcome = await beginAttempt(transaction, head!.id, leaseMs);
+        await transaction.query(sql.unsafe`UPDATE push_configs SET state = 'paused' WHERE task_id = ${taskId} AND id = 'clock'`);
+        return outcome;
+      });
 
     // Due, but its deadline passed a moment ago on the database's clock (a worker whose own clock
     // lags would still have let it through): not begun, nothing counted.
     await pool.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now(), deadline = now() - interval '1 millisecond' WHERE id = ${head!.id}`);
-    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 1000))).toEqual({ kind: 'past_deadline' });
+    expect(await beginWhileActive(1000)).toEqual({ kind: 'past_deadline' });
     expect(await counted()).toBe(before);
 
     // Inside its deadline: begun, counted, started at the transaction's time, and leased.
     await pool.query(sql.unsafe`UPDATE push_deliveries SET deadline = now() + interval '1 hour' WHERE id = ${head!.id}`);
     const bounds = () => pool.oneFirst(sql.type(z.object({ now: z.number() }))`SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS now`);
     const from = await bounds();
-    const begun = await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000));
+    const begun = await beginWhileActive(60_000);
     const to = await bounds();
     expect(begun).toEqual({ kind: 'begun', attempt: before + 1, startedAt: expect.any(Number) });
     if (begun.kind !== 'begun') throw new Error('not begun');
@@ -145,7 +160,26 @@ describe('push.deadlineHours', () => {
     expect(begun.startedAt).toBeLessThanOrEqual(to);
     expect(await counted()).toBe(before + 1);
     // Leased by that attempt: a second wake-up does not begin another.
-    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000))).toEqual({ kind: 'not_due' });
+    expect(await beginWhileActive(60_000)).toEqual({ kind: 'not_due' });
     expect((await attemptsOf(pool, head!.id)).length).toBe(attemptsBefore);
+  });
+
+  it('an attempt begins only while its config is active: a worker that read it active before a pause, a stop or a deletion sends nothing', async () => {
+    const { pool, taskId, head, counted, receiver } = await pausedHead('meanwhile');
+    const before = await counted();
+    // Paused (its 401 made it due again at once, as the worker does): not begun, nothing counted.
+    await pool.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now() WHERE id = ${head!.id}`);
+    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000))).toEqual({ kind: 'config_not_active' });
+    for (const change of [sql.fragment`state = 'stopped'`, sql.fragment`state = 'active', deleted_at = now()`]) {
+      // Each change and the attempt in one transaction, so the worker never sees the config active.
+      const outcome = await pool.transaction(async (transaction) => {
+        await transaction.query(sql.unsafe`UPDATE push_configs SET ${change} WHERE task_id = ${taskId} AND id = 'meanwhile'`);
+        return beginAttempt(transaction, head!.id, 60_000);
+      });
+      expect(outcome).toEqual({ kind: 'config_not_active' });
+    }
+    expect(await counted()).toBe(before);
+    expect(await deliveriesOf(pool, taskId)).toEqual(expect.arrayContaining([expect.objectContaining({ id: head!.id, state: 'pending', attempts: before })]));
+    expect(receiver.requests).toHaveLength(1);
   });
 });

@@ -283,6 +283,22 @@ export async function waitForTerminalEvent(pool: DatabasePool, taskId: string, t
   );
 }
 
+/**
+ * A responder that holds each answer until the pushed task's terminal event is in the journal (at
+ * most `holdAtMostMs`), then gives `reply`. A task's first event (working) commits before its run
+ * ends, so its delivery can be answered before the later events exist: a 404 or 410 then stops the
+ * config first and those events get no delivery at all. Held, the answer finds every event's
+ * delivery recorded. Keep `holdAtMostMs` under the push timeout, or the attempt times out instead.
+ */
+export function answerAfterTerminalEvent(pool: DatabasePool, reply: () => Reply, holdAtMostMs: number): Responder {
+  return async (request) => {
+    const body = request.body ?? {};
+    const taskId: unknown = body.statusUpdate?.taskId ?? body.artifactUpdate?.taskId ?? body.task?.id ?? body.message?.taskId;
+    if (typeof taskId === 'string') await waitForTerminalEvent(pool, taskId, holdAtMostMs).catch(() => undefined);
+    return reply();
+  };
+}
+
 /** Waits until no delivery of the task (or of one config) is pending. */
 export async function waitForSettled(pool: DatabasePool, taskId: string, configId?: string, timeoutMs = 30_000): Promise<readonly DeliveryView[]> {
   await waitForTerminalEvent(pool, taskId, timeoutMs);
