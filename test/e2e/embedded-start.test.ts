@@ -1,6 +1,8 @@
 import { chmodSync, existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import pg from 'pg';
 import { sql } from 'slonik';
+import { z } from 'zod';
 import { afterAll, describe, expect, it } from 'vitest';
 import { runningEmbeddedUrl } from '../../src/db/embedded-postgres.js';
 import { createDatabasePool } from '../../src/db/pool.js';
@@ -69,7 +71,23 @@ describe('the embedded default', () => {
   it('lets short commands use the running embedded server', async () => {
     const url = runningEmbeddedUrl(dataDir);
     expect(url).toBeTruthy();
+    // Through the server's Unix socket in its own data directory, the password still required.
+    const socketDir = join(dataDir, 'pg');
+    expect(new URL(url!).hostname).toBe(encodeURIComponent(socketDir));
+    expect(existsSync(join(socketDir, `.s.PGSQL.${new URL(url!).port}`))).toBe(true);
+    const wrong = new URL(url!);
+    wrong.password = 'not-the-password';
+    const refused = new pg.Client({ connectionString: wrong.href });
+    await expect(refused.connect()).rejects.toMatchObject({ code: '28P01' });
+    await refused.end().catch(() => undefined);
     const pool = await createDatabasePool(url!);
+    // Every connection of the running Keel (its pool, the journal listener, the queue's) and this
+    // one: none over TCP (a socket connection has no client address).
+    const backends = await pool.one(sql.type(z.object({ all: z.number(), tcp: z.number() }))`
+      SELECT count(*)::int AS all, (count(*) FILTER (WHERE client_addr IS NOT NULL))::int AS tcp
+      FROM pg_stat_activity WHERE datname = 'keel' AND backend_type = 'client backend'`);
+    expect(backends.all).toBeGreaterThan(1);
+    expect(backends.tcp).toBe(0);
     const keys = await loadMasterKeys(join(dataDir, 'master.key'), {});
     if (!keys.ok) throw new Error('no key');
     const sealer = createSealer(new MasterKeyRing(keys.keys));
