@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
+import { unixSocketDirFor } from '../src/db/unix-socket-dir.js';
 
 // A Postgres cluster of a benchmark's own: the machine's PostgreSQL server binaries (the same major
 // version as the server at `mirrorFrom`), a fresh data directory on the same disk as the default
@@ -151,7 +152,7 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
 
   const port = await freePort();
   // A socket's path holds at most 107 bytes (sun_path); a longer TMPDIR leaves the cluster on TCP only.
-  const socketFits = Buffer.byteLength(join(dataDir, `.s.PGSQL.${port}`)) <= 107;
+  const socketFits = unixSocketDirFor(dataDir, port) !== null;
   const settings = mirror?.settings ?? [];
   const flags = [
     '-D',

