@@ -1,4 +1,3 @@
-import { randomUUID } from 'node:crypto';
 import type { DatabasePool } from 'slonik';
 import type { AgentRegistry, RegisteredAgent } from '../agents/agent-registry.js';
 import type { CardSigner } from '../cards/card-signature.js';
@@ -47,6 +46,7 @@ import {
   type WireMessage,
 } from '../protocol/wire.js';
 import { isUuid } from '../db/uuid.js';
+import { newRowId } from '../db/row-id.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:
@@ -252,8 +252,8 @@ export class A2AService {
       );
     }
 
-    const taskId = randomUUID();
-    const contextId = message.contextId ?? randomUUID();
+    const taskId = newRowId();
+    const contextId = message.contextId ?? newRowId();
     const { pool, sealer } = this.deps;
     const stored = this.storedMessage(message, taskId, contextId);
     const runInput = {

@@ -1,9 +1,9 @@
-import { randomUUID } from 'node:crypto';
 import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { generateClientToken, hashClientToken, looksLikeClientToken, tokenHint } from './client-token.js';
 import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from './token-row.js';
 import { isUuid } from '../db/uuid.js';
+import { newRowId } from '../db/row-id.js';
 
 // The `clients` table (sql/0003_clients.sql): inbound A2A clients and their hashed tokens. A token
 // is shown once, by createClient, and never stored; expected failures are values, not exceptions.
@@ -44,7 +44,7 @@ export async function createClient(db: Db, name: string): Promise<CreateClientRe
   try {
     const row = await db.one(sql.type(tokenHolderRow)`
       INSERT INTO clients (id, name, token_hash, token_hint)
-      VALUES (${randomUUID()}, ${name}, ${sql.binary(hashClientToken(token))}, ${tokenHint(token)})
+      VALUES (${newRowId()}, ${name}, ${sql.binary(hashClientToken(token))}, ${tokenHint(token)})
       RETURNING ${tokenHolderColumns}`);
     return { ok: true, client: toTokenHolderInfo(row), token };
   } catch (error) {

@@ -1,7 +1,7 @@
-import { randomUUID } from 'node:crypto';
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
+import { newRowId } from '../db/row-id.js';
 
 // push_configs: where a task's events are pushed. Credentials and token are sealed and only ever
 // shown masked: the scheme and the last four characters.
@@ -46,7 +46,7 @@ export const MASK = '…';
 export type CreatePushConfigResult = { ok: true; row: PushConfigRow } | { ok: false; reason: 'exists' };
 
 export async function createPushConfig(db: CommonQueryMethods, sealer: Sealer, config: NewPushConfig): Promise<CreatePushConfigResult> {
-  const id = config.id ?? randomUUID();
+  const id = config.id ?? newRowId();
   const token = config.token ? sealer.sealJson(pushConfigContext(config.taskId, id, 'token'), config.token) : null;
   const credentials = config.authentication?.credentials ? sealer.sealJson(pushConfigContext(config.taskId, id, 'credentials'), config.authentication.credentials) : null;
   const row = await db.maybeOne(sql.type(configRow)`

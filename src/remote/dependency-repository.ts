@@ -1,9 +1,10 @@
-import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { allowedFrom, targetOf } from '../../machines/transitions.js';
 import { dependencyMachine, type DependencyEvent } from '../../machines/dependency.machine.js';
 import type { Sealer } from '../sealing/sealer.js';
+import { newRowId } from '../db/row-id.js';
 
 // dependencies, inbox_registrations, inbox_callbacks. Transitions of a dependency are guarded
 // writes with allowed-from states read from machines/dependency.machine.ts.
@@ -42,7 +43,7 @@ export async function createDependency(
   db: CommonQueryMethods,
   input: NewDependency & { remoteTaskId?: string; remoteContextId?: string; withRegistration: boolean },
 ): Promise<{ dependencyId: string; registration: { id: string; credential: string } | null }> {
-  const dependencyId = randomUUID();
+  const dependencyId = newRowId();
   const state = input.remoteTaskId ? to('ACKNOWLEDGED') : 'pending';
   await db.query(sql.unsafe`
     INSERT INTO dependencies (id, run_id, tool_call_id, tool_name, remote_agent, state, remote_task_id, remote_context_id, message_id)
@@ -54,7 +55,7 @@ export async function createDependency(
 }
 
 export async function createRegistration(db: CommonQueryMethods, dependencyId: string): Promise<{ id: string; credential: string }> {
-  const id = randomUUID();
+  const id = newRowId();
   const credential = randomBytes(32).toString('base64url');
   await db.query(sql.unsafe`
     INSERT INTO inbox_registrations (id, dependency_id, credential_hash) VALUES (${id}, ${dependencyId}, ${sql.binary(hashCredential(credential))})`);
@@ -170,7 +171,7 @@ export async function storeCallback(
       FROM inbox_callbacks WHERE processed_at IS NULL`);
     if (counts.mine >= bounds.perRegistration) return { ok: false as const, reason: 'registration_full' as const };
     if (counts.total >= bounds.total) return { ok: false as const, reason: 'inbox_full' as const };
-    const id = randomUUID();
+    const id = newRowId();
     await transaction.query(sql.unsafe`
       INSERT INTO inbox_callbacks (id, registration_id, body, kind)
       VALUES (${id}, ${registrationId}, ${sql.binary(sealer.sealJson(callbackBodyContext(id), body))}, ${kind})`);

@@ -1,4 +1,3 @@
-import { randomUUID } from 'node:crypto';
 import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import {
@@ -18,6 +17,7 @@ import type { Ceilings } from '../privacy/resolve-ceilings.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION, runRow, type RunRow } from './run-row.js';
+import { newRowId } from '../db/row-id.js';
 
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
@@ -107,7 +107,7 @@ export function insertRunsStatement(rows: ReadonlyArray<ReturnType<typeof runVal
 
 /** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */
 export async function createRun(db: Db, sealer: Sealer, input: CreateRunInput, fast: FastStart | null = null): Promise<RunRow> {
-  const id = input.id ?? randomUUID();
+  const id = input.id ?? newRowId();
   return db.one(sql.type(runRow)`${insertRunsStatement([runValues(sealer, { ...input, id }, fast)])} RETURNING *`);
 }
 

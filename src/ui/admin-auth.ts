@@ -1,9 +1,10 @@
-import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { UniqueIntegrityConstraintViolationError, sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { hashClientToken, TOKEN_HINT_LENGTH } from '../auth/client-token.js';
 import { tokenHolderColumns, tokenHolderRow, toTokenHolderInfo, type TokenHolderInfo } from '../auth/token-row.js';
 import { isUuid } from '../db/uuid.js';
+import { newRowId } from '../db/row-id.js';
 
 // Admin tokens and the browser sessions they open (sql/0008_admin_tokens.sql). Tokens follow the
 // client-token pattern (src/auth/client-token.ts): 256 random bits, a recognisable prefix, only
@@ -37,7 +38,7 @@ export async function createAdminToken(db: CommonQueryMethods, name: string): Pr
     try {
       const row = await db.one(sql.type(tokenHolderRow)`
         INSERT INTO admin_tokens (id, name, token_hash, token_hint)
-        VALUES (${randomUUID()}, ${name}, ${sql.binary(hash(token))}, ${token.slice(-TOKEN_HINT_LENGTH)})
+        VALUES (${newRowId()}, ${name}, ${sql.binary(hash(token))}, ${token.slice(-TOKEN_HINT_LENGTH)})
         RETURNING ${tokenHolderColumns}`);
       return { token, info: toTokenHolderInfo(row) };
     } catch (error) {
