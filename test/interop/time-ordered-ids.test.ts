@@ -6,14 +6,12 @@ import { createClient } from '../../src/auth/client-repository.js';
 import { sdkClient, textMessage } from '../support/a2a-client.js';
 import { createEmptyDatabase } from '../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
+import { millisecondsOf, VERSION_7_UUID } from '../support/uuid-v7.js';
 
 // The ids a client sees for the tasks and contexts Keel opens are time-ordered (RFC 9562 version 7,
 // decision 0045): each carries the millisecond it was minted, tasks opened one after another have
 // increasing ids, and the task's run and rows are stored under the same id. A context id the client
 // chose is kept as it is.
-
-const V7 = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
-const millisecondsOf = (id: string) => Number.parseInt(id.replace(/-/g, '').slice(0, 12), 16);
 
 let database: Awaited<ReturnType<typeof createEmptyDatabase>>;
 let keel: TestKeel;
@@ -48,7 +46,7 @@ describe('time-ordered ids over the wire', () => {
     for (const { task, before, after } of sent) {
       expect(task.status.state).toBe(TaskState.TASK_STATE_COMPLETED);
       for (const id of [task.id, task.contextId]) {
-        expect(id).toMatch(V7);
+        expect(id).toMatch(VERSION_7_UUID);
         expect(millisecondsOf(id)).toBeGreaterThanOrEqual(before);
         expect(millisecondsOf(id)).toBeLessThanOrEqual(after);
       }
@@ -71,7 +69,7 @@ describe('time-ordered ids over the wire', () => {
     const second = (await client.sendMessage(textMessage('second', { contextId: chosen }))) as SentTask;
     expect(first.contextId).toBe(chosen);
     expect(second.contextId).toBe(chosen);
-    expect(first.id).toMatch(V7);
+    expect(first.id).toMatch(VERSION_7_UUID);
     expect(second.id > first.id).toBe(true);
   });
 });

@@ -1,14 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { newRowId } from '../../../src/db/row-id.js';
 import { isUuid } from '../../../src/db/uuid.js';
+import { millisecondsOf, VERSION_7_UUID } from '../../support/uuid-v7.js';
 
 // The ids Keel mints for its rows (decision 0045): RFC 9562 version 7 UUIDs, whose first 48 bits
 // are the Unix time in milliseconds, so that rows inserted together are neighbours in every index
 // that starts with their id. Ids minted one after another by a process always increase, in the
 // same millisecond too.
-
-/** The Unix milliseconds a version 7 UUID carries in its first 12 hex digits. */
-const millisecondsOf = (id: string) => Number.parseInt(id.replace(/-/g, '').slice(0, 12), 16);
 
 describe('newRowId', () => {
   it('is a canonical version 7 UUID carrying the time it was minted', () => {
@@ -16,7 +14,7 @@ describe('newRowId', () => {
     const id = newRowId();
     const after = Date.now();
     expect(isUuid(id)).toBe(true);
-    expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    expect(id).toMatch(VERSION_7_UUID);
     expect(millisecondsOf(id)).toBeGreaterThanOrEqual(before);
     expect(millisecondsOf(id)).toBeLessThanOrEqual(after);
   });
