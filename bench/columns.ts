@@ -38,7 +38,6 @@ function creationRows(): Parameters<typeof creationStatement.with>[0] {
     ids.map((id) => [id, 'echo', 'running', 'metadata', 'full', null, id, sealed(420), 'worker-1', 30_000, at, 2]),
     ids.map((id) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(380), null, at, 2, 1, 'TASK_STATE_WORKING']),
     ids.map((id) => [id, 1, id, 2, 0, 'status', 'TASK_STATE_WORKING', sealed(300)]),
-    ids.map((id) => `${id} 1 0`),
   ];
 }
 

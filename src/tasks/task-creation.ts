@@ -11,7 +11,6 @@ import {
   JOURNAL_COLUMNS,
   journalEventsSince,
   journalRows,
-  notifyAllStatement,
   writeJournalEvents,
   type CommittedRun,
   type JournalEventDraft,
@@ -101,14 +100,13 @@ export async function journalFastStart(
   return written.deliveryIds;
 }
 
-const created = z.object({ tasks: z.number(), events: z.number(), notified: z.number() });
+const created = z.object({ tasks: z.number(), events: z.number() });
 
 type CreationRows = [
   contexts: ReadonlyArray<readonly [owner: string, id: string]>,
   runs: ReadonlyArray<ReturnType<typeof runValues>>,
   tasks: ReadonlyArray<ReturnType<typeof taskValues>>,
   events: readonly JournalRow[],
-  notices: readonly string[],
 ];
 
 /**
@@ -117,7 +115,7 @@ type CreationRows = [
  * at the end of the statement, when contexts, runs, tasks and events all exist.
  */
 export const creationStatement = new SameTextStatement(
-  ([contexts, runs, tasks, events, notices]: CreationRows) => sql.type(created)`${PREPARED}
+  ([contexts, runs, tasks, events]: CreationRows) => sql.type(created)`${PREPARED}
     WITH new_contexts AS (
       INSERT INTO contexts (owner, id)
       SELECT c.owner, c.id FROM ${sql.unnest(contexts as unknown as unknown[][], ['uuid', 'text'])} AS c(owner, id)
@@ -125,35 +123,35 @@ export const creationStatement = new SameTextStatement(
     new_runs AS (${insertRunsStatement(runs)} RETURNING id),
     new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
     new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
-    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
-      (${notifyAllStatement(notices)}) AS notified`,
-  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS, 'list'],
+    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events`,
+  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS],
 );
 
 /**
  * Writes the creations in one statement (one round trip, atomic on its own). A fast run's task
- * is written WORKING with its journal's first event and the watermark past the claim, and the
- * statement NOTIFYs that event, as the projector would have after a separate claim.
+ * is written WORKING with its journal's first event and the watermark past the claim. That event
+ * is not NOTIFYd (docs/decisions/0046-a-new-task-is-announced-by-its-end.md): every waiter waits
+ * on a task id, and no one but this process can hold the id of a task that does not exist yet;
+ * this process's own wait is for the end, and a stream opened once the task exists reads the
+ * event from the journal.
  */
 export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
   const fast = creations.filter((creation) => creation.fast !== null);
   // Each fast task's journal from a fresh head: its WORKING event at the claim's revision.
-  const journals = fast.map(({ task, fast: start }) =>
-    journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]),
+  const events = fast.flatMap(
+    ({ task, fast: start }) =>
+      journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]).rows,
   );
-  const events = journals.flatMap((journal) => journal.rows);
-  const notices = journals.flatMap((journal) => (journal.notice === null ? [] : [journal.notice]));
   const result = await db.one(
     creationStatement.with([
       creations.map(({ task }) => [task.owner, task.contextId] as const),
       creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
       creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
       events,
-      notices,
     ]),
   );
-  if (result.tasks !== creations.length || result.events !== fast.length || result.notified !== notices.length) {
-    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks, ${result.events} of ${fast.length} events and ${result.notified} of ${notices.length} notices`);
+  if (result.tasks !== creations.length || result.events !== fast.length) {
+    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks and ${result.events} of ${fast.length} events`);
   }
 }
 

@@ -1,7 +1,9 @@
+import pg from 'pg';
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { runJobId } from '../../../src/queue/job-ids.js';
+import { JOURNAL_CHANNEL, journalNotice } from '../../../src/tasks/journal.js';
 import { PURGE_JOB, SWEEP_JOB } from '../../../workers/maintenance.js';
 import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
@@ -119,6 +121,26 @@ describe('a process with workers and a free run slot', () => {
       // insert left and writes, no transaction around it. A lone task is two round trips.
       expect(sent, 'the creation, then the completion').toHaveLength(2);
       expect(sent[1]).toMatch(/^\/\* keel:prepared \*\/\s*WITH held AS MATERIALIZED/);
+    }
+  });
+
+  it('announces a new task by its end alone: the WORKING event its creation journals is not NOTIFYd', async () => {
+    // A listener of its own, as another Keel process's journal listener would be.
+    const listener = new pg.Client({ connectionString: fast.databaseUrl });
+    const notices: string[] = [];
+    listener.on('notification', (notification) => notices.push(notification.payload ?? ''));
+    await listener.connect();
+    try {
+      await listener.query(`LISTEN ${JOURNAL_CHANNEL}`);
+      const answer = await send(fast, fastToken, 'echo', 'announced once');
+      const taskId = answer.task.id as string;
+      expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
+      expect(await journalShape(fast, taskId)).toEqual(['status TASK_STATE_WORKING', 'artifact echo: announced once', 'status TASK_STATE_COMPLETED']);
+      // Notifications arrive in commit order: once the completion's is here, a creation's would be too.
+      await waitFor(async () => notices.some((notice) => notice.startsWith(`${taskId} `)), 'the completion announced', 10_000);
+      expect(notices.filter((notice) => notice.startsWith(`${taskId} `))).toEqual([journalNotice(taskId, 3, true)]);
+    } finally {
+      await listener.end();
     }
   });
 
