@@ -24,6 +24,7 @@ import {
   getTaskRow,
   insertTask,
   listTaskRows,
+  markTaskWatched,
   openSealed,
   recordClientReply,
   sealTaskHistory,
@@ -452,6 +453,9 @@ export class A2AService {
     options.signal.addEventListener('abort', onAbort, { once: true });
     this.deps.shutdown?.addEventListener('abort', onAbort, { once: true });
     try {
+      // Before anything is read: a fast run's end committed after this is NOTIFYd to this stream
+      // wherever it runs (decision 0047).
+      await markTaskWatched(pool, caller.clientId, taskId);
       let cursor = options.lastEventId ?? 0;
       if (options.withSnapshot && options.lastEventId === undefined) {
         const row = await getTaskRow(pool, caller.clientId, taskId);

@@ -15,7 +15,9 @@ import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResults
 // fast run's run and task as its insert left them. One statement, committed on its own, locks the
 // run and task rows, checks that they are still exactly as the process expects, and writes for
 // the runs that pass what the completion transaction (complete-runs-together.ts) writes: the
-// audit rows, the result, the settle, the journal rows and the NOTIFY. It reads nothing first, so
+// audit rows, the result, the settle and the journal rows. It NOTIFYs only the tasks a stream
+// watches (decision 0047): the process wakes its own waiters when the statement returns, and a
+// stream elsewhere marked the task, which the lock here reads. It reads nothing first, so
 // a lone task's completion is one round trip and one commit, not four round trips. A run that
 // fails the check (cancelled, a ceiling tightened, an interim message journaled, a push config to
 // deliver to) gets nothing written and is completed by the transaction, which reads under its lock.
@@ -152,13 +154,16 @@ type HeldCompletionRows = [
  * its text is built once (same-text-statement.ts). A task with an active or paused push config
  * fails it too: its deliveries, bounded per config, are written by the transaction. The counts
  * are checked inside the statement, so a write that fell short fails the whole statement instead
- * of committing part of a completion.
+ * of committing part of a completion. `watched` is read under the task's lock: a stream that
+ * marked the task before gets the NOTIFY, one that marks it after reads the journal after this
+ * commit.
  */
 export const heldCompletionStatement = new SameTextStatement(([expected, audit, results, settles, journal, notices]: HeldCompletionRows) => {
   const held = sql.identifier(['held']);
+  const streamed = sql.identifier(['streamed']);
   return sql.type(outcomeRow)`${PREPARED}
     WITH held AS MATERIALIZED (
-      SELECT r.id AS run_id, t.id AS task_id
+      SELECT r.id AS run_id, t.id AS task_id, t.watched
       FROM ${sql.unnest(expected as unknown as unknown[][], ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'bytea'])}
         AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
       JOIN runs r ON r.id = e.run_id
@@ -174,11 +179,13 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
     results AS (${writeTaskResultsStatement(results, held)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles, held)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
     journal AS (${insertJournalRowsStatement(journal, held)} RETURNING task_id),
-    notified AS (${notifyAllStatement(notices, held)}),
+    streamed AS (SELECT task_id FROM held WHERE watched),
+    notified AS (${notifyAllStatement(notices, streamed)}),
     counts AS (
       SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
-        (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified)
-    SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.held THEN c.held
+        (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified,
+        (SELECT count(*) FROM streamed)::int AS streamed)
+    SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.streamed THEN c.held
         ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
       s.*
     FROM counts c LEFT JOIN settled s ON true`;

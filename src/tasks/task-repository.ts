@@ -239,6 +239,18 @@ export async function clearStatusMessage(db: CommonQueryMethods, taskId: string)
 }
 
 /**
+ * Marks the task as watched by a stream, before the stream reads the journal
+ * (docs/decisions/0047-a-fast-run-ends-without-notify-unless-watched.md): a fast run's end,
+ * which locks the task row, then NOTIFYs it; an end that took the lock first is committed before
+ * this returns, and the stream's read finds it. Commits on its own; a no-op once set, or for a
+ * task the caller does not own.
+ */
+export async function markTaskWatched(db: CommonQueryMethods, owner: string, taskId: string): Promise<void> {
+  if (!isUuid(taskId)) return;
+  await db.query(sql.unsafe`UPDATE a2a_tasks SET watched = true WHERE id = ${taskId} AND owner = ${owner} AND NOT watched`);
+}
+
+/**
  * The client's reply to a waiting task, written in the transaction that hands the run over: it
  * joins the history and the prompt it answers stops being the status message, before any worker
  * can take the run (so a completion always comes after, and is never overwritten).

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { runJobId } from '../../../src/queue/job-ids.js';
 import { JOURNAL_CHANNEL, journalNotice } from '../../../src/tasks/journal.js';
+import { markTaskWatched } from '../../../src/tasks/task-repository.js';
 import { PURGE_JOB, SWEEP_JOB } from '../../../workers/maintenance.js';
 import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
@@ -67,6 +68,9 @@ async function journalShape(keel: TestKeel, taskId: string): Promise<string[]> {
   });
 }
 
+const ownerOf = (keel: TestKeel, taskId: string) =>
+  keel.context.pool.oneFirst(sql.type(z.object({ owner: z.string() }))`SELECT owner FROM a2a_tasks WHERE id = ${taskId}`);
+
 /** One sample of /metrics (Prometheus text), 0 when the series is absent. */
 async function metric(keel: TestKeel, series: string): Promise<number> {
   const text = await (await fetch(`${keel.url}/metrics`)).text();
@@ -124,7 +128,7 @@ describe('a process with workers and a free run slot', () => {
     }
   });
 
-  it('announces a new task by its end alone: the WORKING event its creation journals is not NOTIFYd', async () => {
+  it('NOTIFYs nothing for a blocking task no stream watches: neither its WORKING event nor its end', async () => {
     // A listener of its own, as another Keel process's journal listener would be.
     const listener = new pg.Client({ connectionString: fast.databaseUrl });
     const notices: string[] = [];
@@ -132,13 +136,21 @@ describe('a process with workers and a free run slot', () => {
     await listener.connect();
     try {
       await listener.query(`LISTEN ${JOURNAL_CHANNEL}`);
-      const answer = await send(fast, fastToken, 'echo', 'announced once');
+      const answer = await send(fast, fastToken, 'echo', 'announced to no one');
       const taskId = answer.task.id as string;
-      expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
-      expect(await journalShape(fast, taskId)).toEqual(['status TASK_STATE_WORKING', 'artifact echo: announced once', 'status TASK_STATE_COMPLETED']);
-      // Notifications arrive in commit order: once the completion's is here, a creation's would be too.
-      await waitFor(async () => notices.some((notice) => notice.startsWith(`${taskId} `)), 'the completion announced', 10_000);
-      expect(notices.filter((notice) => notice.startsWith(`${taskId} `))).toEqual([journalNotice(taskId, 3, true)]);
+      expect(answer.task.status.state, 'its own process answered it at its end').toBe('TASK_STATE_COMPLETED');
+      expect(await journalShape(fast, taskId)).toEqual(['status TASK_STATE_WORKING', 'artifact echo: announced to no one', 'status TASK_STATE_COMPLETED']);
+      // Notifications arrive in commit order: once this later one is here, the task's would be too.
+      const barrier = `barrier-${taskId}`;
+      await fast.context.pool.query(sql.unsafe`SELECT pg_notify(${JOURNAL_CHANNEL}, ${barrier})`);
+      await waitFor(async () => notices.includes(barrier), 'the barrier notification', 10_000);
+      expect(notices.filter((notice) => notice.startsWith(`${taskId} `))).toEqual([]);
+      // A task a stream has marked is announced by its end (test/interop/remote-stream-of-fast-run.test.ts).
+      const watched = await send(fast, fastToken, 'slow', 'watched', { returnImmediately: true });
+      const watchedId = watched.task.id as string;
+      await markTaskWatched(fast.context.pool, await ownerOf(fast, watchedId), watchedId);
+      await waitFor(async () => notices.some((notice) => notice.startsWith(`${watchedId} `)), 'the watched task announced', 20_000);
+      expect(notices.filter((notice) => notice.startsWith(`${watchedId} `))).toEqual([journalNotice(watchedId, 3, true)]);
     } finally {
       await listener.end();
     }
