@@ -186,7 +186,7 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
         (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified,
         (SELECT count(*) FROM streamed)::int AS streamed)
     SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.streamed THEN c.held
-        ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs')::int END AS held,
+        ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs, ' || c.streamed || ' watched')::int END AS held,
       s.*
     FROM counts c LEFT JOIN settled s ON true`;
 }, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list']);
