@@ -10,7 +10,7 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun, createRun } from '../runs/run-repository.js';
 import type { FastRunSlot, FastRuns } from '../runs/fast-runs.js';
-import { journalFastStart, TaskCreations } from '../tasks/task-creation.js';
+import { journalFastStart, TaskCreations, type TaskCreator } from '../tasks/task-creation.js';
 import { DEFAULT_PROJECTION_OPTIONS, type ProjectionOptions } from '../tasks/journal-writer.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
@@ -69,7 +69,7 @@ export type A2AServiceDeps = {
   /** The key every card is signed with (`security.cardSigning`); none: cards go unsigned. */
   cardSigner?: CardSigner | null;
   /** New tasks in new contexts, written together (group commit); made from pool and sealer when absent. */
-  creations?: TaskCreations;
+  creations?: TaskCreator;
   /** This process's run slots for the fast path, when it runs workers with the fast path on. */
   fastRuns?: FastRuns | null;
   /** The push outbox's bounds, for the delivery of a fast run's WORKING event. */
@@ -125,7 +125,7 @@ export class A2AService {
   /** The public and extended cards, signed when card signing is configured. */
   readonly cards: ServedCards;
 
-  private readonly creations: TaskCreations;
+  private readonly creations: TaskCreator;
 
   private get projectionOptions(): ProjectionOptions {
     return this.deps.projectionOptions ?? DEFAULT_PROJECTION_OPTIONS;

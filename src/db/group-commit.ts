@@ -18,6 +18,12 @@ export type BatchOptions = {
    * Items wait only while every lane is busy, so a lone item is still written at once.
    */
   lanes?: number;
+  /**
+   * A lane beyond the first starts only when at least this many items wait (none: whenever one is
+   * free). One lane gathers the most per batch; a backlog this long (a load one lane cannot keep
+   * up with, or a batch held up by a lock) opens the others.
+   */
+  spareLaneBacklog?: number;
   /** Called once per flushed batch with its size (metrics). */
   onBatch?: (size: number) => void;
   /**
@@ -35,6 +41,13 @@ export type BatchWriter<I, R> = BatchOptions & {
   writeOne: (item: I) => Promise<R>;
   /** Each item of a batch that rolled back, before it is written again alone (to give back what the attempt took). */
   rolledBack?: (item: I) => void;
+  /**
+   * Whether a lane, its batch written, lets the event loop turn once before it takes the next
+   * batch: the writes its batch's callers make next (a completion after a creation) go with it.
+   */
+  gatherAfterBatch?: boolean;
+  /** onWritten with the batch's items, for a writer whose items are of several kinds (task-write-batch.ts). */
+  onItemsWritten?: (items: readonly I[], waitedMs: readonly number[], writeMs: number) => void;
 };
 
 type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void; submittedAt: number };
@@ -69,7 +82,7 @@ export class GroupCommit<I, R> {
 
   /** Starts a batch on every free lane; each lane takes the next batch as soon as its own returns. */
   private flush(): void {
-    while (this.inFlight < this.lanes && this.queue.length > 0) {
+    while (this.inFlight < this.lanes && this.queue.length > 0 && (this.inFlight === 0 || this.queue.length >= (this.writer.spareLaneBacklog ?? 1))) {
       this.inFlight += 1;
       void this.lane().finally(() => {
         this.inFlight -= 1;
@@ -79,13 +92,24 @@ export class GroupCommit<I, R> {
   }
 
   private async lane(): Promise<void> {
-    while (this.queue.length > 0) {
+    for (let first = true; ; first = false) {
+      if (!first && this.writer.gatherAfterBatch) await new Promise<void>((resolve) => setImmediate(resolve));
+      if (this.queue.length === 0) return;
       const batch = this.queue.splice(0, this.writer.maxBatch);
       this.writer.onBatch?.(batch.length);
       const startedAt = performance.now();
       await this.write(batch);
-      const { onWritten } = this.writer;
-      if (onWritten) onWritten(batch.map((pending) => startedAt - pending.submittedAt), performance.now() - startedAt);
+      const { onWritten, onItemsWritten } = this.writer;
+      if (onWritten || onItemsWritten) {
+        const waitedMs = batch.map((pending) => startedAt - pending.submittedAt);
+        const writeMs = performance.now() - startedAt;
+        onWritten?.(waitedMs, writeMs);
+        onItemsWritten?.(
+          batch.map((pending) => pending.item),
+          waitedMs,
+          writeMs,
+        );
+      }
     }
   }
 

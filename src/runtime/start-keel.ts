@@ -32,6 +32,7 @@ import { JournalListener } from '../tasks/journal-listener.js';
 import { ProjectionScheduler } from '../tasks/task-projector.js';
 import { TaskCreations } from '../tasks/task-creation.js';
 import { CompletionBatch } from '../tasks/completion-batch.js';
+import { TaskWriteBatch } from '../tasks/task-write-batch.js';
 import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
@@ -48,6 +49,8 @@ const CREATION_BATCH = 64;
 const COMPLETION_BATCH = 32;
 /** Batches of each kind in flight at once: one is written while the other waits for its WAL flush. */
 const BATCH_LANES = 2;
+/** At most this many creations and held completions in one statement, when a process writes both (decision 0048). */
+const TOGETHER_BATCH = 64;
 /** /readyz answers within this bound (both probes run at once) even when a dependency hangs. */
 const READINESS_TIMEOUT_MS = 2000;
 /** At shutdown, gRPC calls still open this long after the streams were told to end are cut. */
@@ -168,6 +171,23 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
   setMaxListeners(0, shutdown.signal);
   const hotPath = new HotPathMetrics();
+  // A process that receives tasks and runs them fast writes their creations and their held
+  // completions together (docs/decisions/0048-creations-and-completions-in-one-statement.md).
+  const taskWrites =
+    role === 'all' && config.runs.fastPath
+      ? new TaskWriteBatch(database.pool, sealing.sealer, {
+          maxBatch: TOGETHER_BATCH,
+          lanes: BATCH_LANES,
+          // One statement at a time gathers both kinds: the creations that arrived while it ran and
+          // the completions its own creations' runs submitted. The second lane is for a backlog.
+          spareLaneBacklog: TOGETHER_BATCH / 2,
+          onBatch: ({ creations, completions }) => {
+            if (creations > 0) hotPath.batch('creation', creations);
+            if (completions > 0) hotPath.batch('completion', completions);
+          },
+          onWritten: (kind, waitedMs, writeMs) => hotPath.batchWritten(kind, waitedMs, writeMs),
+        })
+      : null;
   let executor: ReturnType<typeof createRunExecutor> | null = null;
   let runsWorker: { close: () => Promise<void>; concurrency: number } | null = null;
   if (role !== 'api') {
@@ -191,7 +211,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
           lanes: BATCH_LANES,
           onBatch: (size) => hotPath.batch('completion', size),
           onWritten: (waitedMs, writeMs) => hotPath.batchWritten('completion', waitedMs, writeMs),
-        }),
+        }, taskWrites ?? undefined),
         onRunStarted: (path) => hotPath.runStarted(path),
         onFastRuns: (inFlight) => {
           if (runsWorker) runsWorker.concurrency = Math.max(1, config.runs.concurrency - inFlight);
@@ -246,12 +266,14 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
-      creations: new TaskCreations(database.pool, sealing.sealer, {
-        maxBatch: CREATION_BATCH,
-        lanes: BATCH_LANES,
-        onBatch: (size) => hotPath.batch('creation', size),
-        onWritten: (waitedMs, writeMs) => hotPath.batchWritten('creation', waitedMs, writeMs),
-      }),
+      creations:
+        taskWrites ??
+        new TaskCreations(database.pool, sealing.sealer, {
+          maxBatch: CREATION_BATCH,
+          lanes: BATCH_LANES,
+          onBatch: (size) => hotPath.batch('creation', size),
+          onWritten: (waitedMs, writeMs) => hotPath.batchWritten('creation', waitedMs, writeMs),
+        }),
       fastRuns: executor?.fastRuns ?? null,
       projectionOptions,
       onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),

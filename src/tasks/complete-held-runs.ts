@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods } from 'slonik';
+import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
@@ -22,8 +22,11 @@ import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResults
 // fails the check (cancelled, a ceiling tightened, an interim message journaled, a push config to
 // deliver to) gets nothing written and is completed by the transaction, which reads under its lock.
 
+/** A completion whose run and task rows the process knows without reading them. */
+export type HeldCompletion = CompletionInput & { held: HeldRows };
+
 /** Whether a completion can be written without reading first: its rows are known, nothing stored to merge, a result may be kept, its audit rows cannot be refused. */
-export function writableHeld(input: CompletionInput): input is CompletionInput & { held: HeldRows } {
+export function writableHeld(input: CompletionInput): input is HeldCompletion {
   return (
     input.held !== undefined &&
     input.taskId !== null &&
@@ -35,7 +38,7 @@ export function writableHeld(input: CompletionInput): input is CompletionInput &
 }
 
 /** The statement's rows: the held count on each, and one settled run per row (none when nothing was held). */
-const outcomeRow = z.object({
+export const outcomeRow = z.object({
   held: z.number(),
   id: z.string().nullable(),
   task_id: z.string().nullable(),
@@ -44,10 +47,10 @@ const outcomeRow = z.object({
   failure_detail: runRow.shape.failure_detail,
 });
 
-type Item = {
+export type HeldItem = {
   /** The completion's place among the inputs. */
   index: number;
-  input: CompletionInput & { held: HeldRows };
+  input: HeldCompletion;
   audit: SerializedRow[];
   at: number;
   revision: number;
@@ -58,17 +61,12 @@ type Item = {
 };
 
 /**
- * Completes the held runs in one statement. The result of each is in the inputs' order: the
- * completion as committed, or null for a run whose rows were not as expected (nothing of it was
- * written; its audit rows are given back through `rolledBack`, and the caller completes it in a
- * transaction). A statement that fails writes nothing; the caller writes each completion again.
+ * Each held completion as the statement writes it: its audit rows taken, its result sealed, its
+ * journal events built. A completion whose audit rows could be refused is left out (the
+ * transaction writes it: nothing was taken).
  */
-export async function completeHeldRuns(
-  pool: CommonQueryMethods,
-  sealer: Sealer,
-  inputs: ReadonlyArray<CompletionInput & { held: HeldRows }>,
-): Promise<Array<CompletionResult | null>> {
-  const items: Item[] = [];
+export function prepareHeldCompletions(sealer: Sealer, inputs: readonly HeldCompletion[]): HeldItem[] {
+  const items: HeldItem[] = [];
   for (const [index, input] of inputs.entries()) {
     const audit = input.takeAuditRows!();
     // A row Postgres could refuse needs a savepoint: the transaction writes it (nothing was taken).
@@ -94,9 +92,25 @@ export async function completeHeldRuns(
     const events = journalEventsSince(head, run, []);
     items.push({ index, input, audit, at, revision, stored, directMessage, journal: journalRows(sealer, head, run, events), eventCount: events.length });
   }
+  return items;
+}
 
+/**
+ * The result of each held completion, in the inputs' order, from the rows its statement returned:
+ * the completion as committed, or null for a run whose rows were not as expected (nothing of it
+ * was written; its audit rows are given back through `rolledBack`, and the caller completes it in
+ * a transaction).
+ */
+export function heldCompletionResults(
+  inputs: readonly CompletionInput[],
+  items: readonly HeldItem[],
+  rows: ReadonlyArray<z.infer<typeof outcomeRow>>,
+): Array<CompletionResult | null> {
+  const written = new Map<string, SettledRun>();
+  for (const { id, task_id, status, termination_reason, failure_detail } of rows) {
+    if (id !== null && status !== null) written.set(id, { id, task_id, status, termination_reason, failure_detail });
+  }
   const results: Array<CompletionResult | null> = inputs.map(() => null);
-  const written = items.length === 0 ? new Map<string, SettledRun>() : await writeHeldCompletions(pool, items);
   for (const item of items) {
     const { input } = item;
     const settled = written.get(input.runId);
@@ -124,6 +138,20 @@ export async function completeHeldRuns(
   return results;
 }
 
+/**
+ * Completes the held runs in one statement (heldCompletionResults says what each result is). A
+ * statement that fails writes nothing; the caller writes each completion again.
+ */
+export async function completeHeldRuns(
+  pool: CommonQueryMethods,
+  sealer: Sealer,
+  inputs: readonly HeldCompletion[],
+): Promise<Array<CompletionResult | null>> {
+  const items = prepareHeldCompletions(sealer, inputs);
+  const rows = items.length === 0 ? [] : await pool.any(heldCompletionStatement.with(heldCompletionRows(items)));
+  return heldCompletionResults(inputs, items, rows);
+}
+
 /** What each held run is expected to be: run, task, owner, revision, level, journal watermark, sealed history. */
 type ExpectedRow = readonly [
   runId: string,
@@ -137,7 +165,7 @@ type ExpectedRow = readonly [
   history: Buffer | null,
 ];
 
-type HeldCompletionRows = [
+export type HeldCompletionRows = [
   expected: readonly ExpectedRow[],
   audit: readonly AuditRow[],
   results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
@@ -158,11 +186,10 @@ type HeldCompletionRows = [
  * marked the task before gets the NOTIFY, one that marks it after reads the journal after this
  * commit.
  */
-export const heldCompletionStatement = new SameTextStatement(([expected, audit, results, settles, journal, notices]: HeldCompletionRows) => {
+export function heldCompletionCtes([expected, audit, results, settles, journal, notices]: HeldCompletionRows): FragmentSqlToken {
   const held = sql.identifier(['held']);
   const streamed = sql.identifier(['streamed']);
-  return sql.type(outcomeRow)`${PREPARED}
-    WITH held AS MATERIALIZED (
+  return sql.fragment`held AS MATERIALIZED (
       SELECT r.id AS run_id, t.id AS task_id, t.watched
       FROM ${sql.unnest(expected as unknown as unknown[][], ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'bytea'])}
         AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
@@ -184,39 +211,50 @@ export const heldCompletionStatement = new SameTextStatement(([expected, audit, 
     counts AS (
       SELECT (SELECT count(*) FROM held)::int AS held, (SELECT count(*) FROM results)::int AS results,
         (SELECT count(*) FROM settled)::int AS settled, (SELECT notified FROM notified) AS notified,
-        (SELECT count(*) FROM streamed)::int AS streamed)
-    SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.streamed THEN c.held
-        ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs, ' || c.streamed || ' watched')::int END AS held,
-      s.*
-    FROM counts c LEFT JOIN settled s ON true`;
-}, [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list']);
+        (SELECT count(*) FROM streamed)::int AS streamed)`;
+}
 
-async function writeHeldCompletions(pool: CommonQueryMethods, items: readonly Item[]): Promise<Map<string, SettledRun>> {
-  const rows = await pool.any(
-    heldCompletionStatement.with([
-      items.map(({ input }) => [
-        input.runId,
-        input.taskId!,
-        input.workerId,
-        input.held.runRevision,
-        input.held.answerLevel,
-        input.held.lastSequence,
-        input.held.projectedRevision,
-        input.held.projectedState,
-        input.held.task.history,
-      ] as const),
-      items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
-      items.map(({ input, stored, directMessage, revision, journal, at }) =>
-        taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence, at }),
-      ),
-      items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
-      items.flatMap((item) => item.journal.rows),
-      items.flatMap(({ journal }) => (journal.notice === null ? [] : [journal.notice])),
-    ]),
-  );
-  const settled = new Map<string, SettledRun>();
-  for (const { id, task_id, status, termination_reason, failure_detail } of rows) {
-    if (id !== null && status !== null) settled.set(id, { id, task_id, status, termination_reason, failure_detail });
-  }
-  return settled;
+/** The cells of a row of each of the held completions' sets (same-text-statement.ts). */
+export const HELD_COMPLETION_SHAPES = [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list'] as const;
+
+/**
+ * The held completions' outcome: the held count (or the statement fails, when a write fell short
+ * of it) and each settled run, one per row, with `more` columns after them.
+ */
+export function heldOutcome(more: FragmentSqlToken = sql.fragment``): FragmentSqlToken {
+  return sql.fragment`SELECT CASE WHEN c.results = c.held AND c.settled = c.held AND c.notified = c.streamed THEN c.held
+        ELSE ('held completion wrote ' || c.results || ' results, ' || c.settled || ' settles and ' || c.notified || ' notices for ' || c.held || ' held runs, ' || c.streamed || ' watched')::int END AS held,
+      s.*${more}
+    FROM counts c LEFT JOIN settled s ON true`;
+}
+
+export const heldCompletionStatement = new SameTextStatement(
+  (rows: HeldCompletionRows) => sql.type(outcomeRow)`${PREPARED}
+    WITH ${heldCompletionCtes(rows)}
+    ${heldOutcome()}`,
+  HELD_COMPLETION_SHAPES,
+);
+
+/** The held completions' rows, in the statement's sets. */
+export function heldCompletionRows(items: readonly HeldItem[]): HeldCompletionRows {
+  return [
+    items.map(({ input }) => [
+      input.runId,
+      input.taskId!,
+      input.workerId,
+      input.held.runRevision,
+      input.held.answerLevel,
+      input.held.lastSequence,
+      input.held.projectedRevision,
+      input.held.projectedState,
+      input.held.task.history,
+    ] as const),
+    items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
+    items.map(({ input, stored, directMessage, revision, journal, at }) =>
+      taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence, at }),
+    ),
+    items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
+    items.flatMap((item) => item.journal.rows),
+    items.flatMap(({ journal }) => (journal.notice === null ? [] : [journal.notice])),
+  ];
 }

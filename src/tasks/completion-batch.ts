@@ -2,8 +2,9 @@ import type { DatabasePool } from 'slonik';
 import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { completeHeldRuns, writableHeld } from './complete-held-runs.js';
-import type { CompletionInput, CompletionResult, HeldRows } from './complete-run.js';
+import { completeHeldRuns, writableHeld, type HeldCompletion } from './complete-held-runs.js';
+import type { CompletionInput, CompletionResult } from './complete-run.js';
+import type { HeldCompleter } from './task-write-batch.js';
 import { completeRunsTogether } from './complete-runs-together.js';
 
 // Group commit of completions (docs/decisions/0026-group-commit.md): the completions of runs that
@@ -13,25 +14,29 @@ import { completeRunsTogether } from './complete-runs-together.js';
 // changed, are one transaction of two statements per batch (completeRunsTogether: lock all, write
 // all). Each kind is a group commit of its own, so a batch always commits as a whole or not at
 // all; one that fails is written again completion by completion, so one bad run (a result that
-// cannot be stored) fails alone and the others complete.
-
-type HeldCompletion = CompletionInput & { held: HeldRows };
+// cannot be stored) fails alone and the others complete. In a process that also receives tasks,
+// the held completions go with the new tasks' creations (task-write-batch.ts, decision 0048).
 
 export class CompletionBatch {
   /** Completions written by one statement; null for one whose rows had changed (nothing written). */
-  private readonly held: GroupCommit<HeldCompletion, CompletionResult | null>;
+  private readonly held: HeldCompleter;
   private readonly transactions: GroupCommit<CompletionInput, CompletionResult>;
 
-  constructor(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, options: BatchOptions) {
+  /** `held`: the writer of held completions shared with the creations (TaskWriteBatch); without it, a group commit of their own. */
+  constructor(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, options: BatchOptions, held?: HeldCompleter) {
     const common = {
       ...options,
       rolledBack: (input: CompletionInput) => input.rolledBack?.(),
     };
-    this.held = new GroupCommit<HeldCompletion, CompletionResult | null>({
-      ...common,
-      writeBatch: (inputs) => completeHeldRuns(pool, sealer, inputs),
-      writeOne: async (input) => (await completeHeldRuns(pool, sealer, [input]))[0]!,
-    });
+    if (held) this.held = held;
+    else {
+      const group = new GroupCommit<HeldCompletion, CompletionResult | null>({
+        ...common,
+        writeBatch: (inputs) => completeHeldRuns(pool, sealer, inputs),
+        writeOne: async (input) => (await completeHeldRuns(pool, sealer, [input]))[0]!,
+      });
+      this.held = { completeHeld: (completion) => group.submit(completion) };
+    }
     const inTransaction = (inputs: readonly CompletionInput[]) => pool.transaction((transaction) => completeRunsTogether(transaction, sealer, logger, inputs));
     this.transactions = new GroupCommit<CompletionInput, CompletionResult>({
       ...common,
@@ -44,7 +49,7 @@ export class CompletionBatch {
   /** Completes the run with whatever other completions are ready; resolves once its write committed. */
   async complete(input: CompletionInput): Promise<CompletionResult> {
     if (writableHeld(input)) {
-      const written = await this.held.submit(input);
+      const written = await this.held.completeHeld(input);
       if (written) return written;
     }
     return this.transactions.submit(input);

@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
+import { sql, type CommonQueryMethods, type DatabasePool, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
 import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
@@ -102,65 +102,88 @@ export async function journalFastStart(
 
 const created = z.object({ tasks: z.number(), events: z.number() });
 
-type CreationRows = [
+export type CreationRows = [
   contexts: ReadonlyArray<readonly [owner: string, id: string]>,
   runs: ReadonlyArray<ReturnType<typeof runValues>>,
   tasks: ReadonlyArray<ReturnType<typeof taskValues>>,
   events: readonly JournalRow[],
 ];
 
+/** The cells of a row of each of the creations' sets (same-text-statement.ts). */
+export const CREATION_SHAPES = [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS] as const;
+
 /**
- * The creations' statement: one text for any batch (rows as arrays, the CTEs always there),
- * prepared on each connection and built once (same-text-statement.ts). Foreign keys are checked
- * at the end of the statement, when contexts, runs, tasks and events all exist.
+ * The creations' CTEs: contexts, runs, tasks and events as multi-row inserts. Foreign keys are
+ * checked at the end of the statement, when contexts, runs, tasks and events all exist.
  */
-export const creationStatement = new SameTextStatement(
-  ([contexts, runs, tasks, events]: CreationRows) => sql.type(created)`${PREPARED}
-    WITH new_contexts AS (
+export function creationCtes([contexts, runs, tasks, events]: CreationRows): FragmentSqlToken {
+  return sql.fragment`new_contexts AS (
       INSERT INTO contexts (owner, id)
       SELECT c.owner, c.id FROM ${sql.unnest(contexts as unknown as unknown[][], ['uuid', 'text'])} AS c(owner, id)
       RETURNING id),
     new_runs AS (${insertRunsStatement(runs)} RETURNING id),
     new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
-    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)
-    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events`,
-  [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS],
+    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)`;
+}
+
+/** What the creations' CTEs wrote, as the statements that hold them select it. */
+export const CREATED_COUNTS = sql.fragment`(SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events`;
+
+/**
+ * The creations' statement: one text for any batch (rows as arrays, the CTEs always there),
+ * prepared on each connection and built once (same-text-statement.ts).
+ */
+export const creationStatement = new SameTextStatement(
+  (rows: CreationRows) => sql.type(created)`${PREPARED}
+    WITH ${creationCtes(rows)}
+    SELECT ${CREATED_COUNTS}`,
+  CREATION_SHAPES,
 );
 
 /**
- * Writes the creations in one statement (one round trip, atomic on its own). A fast run's task
- * is written WORKING with its journal's first event and the watermark past the claim. That event
- * is not NOTIFYd (docs/decisions/0046-a-new-task-is-announced-by-its-end.md): every waiter waits
- * on a task id, and no one but this process can hold the id of a task that does not exist yet;
- * this process's own wait is for the end, and a stream opened once the task exists reads the
- * event from the journal.
+ * The creations' rows. A fast run's task is written WORKING with its journal's first event and the
+ * watermark past the claim. That event is not NOTIFYd
+ * (docs/decisions/0046-a-new-task-is-announced-by-its-end.md): every waiter waits on a task id, and
+ * no one but this process can hold the id of a task that does not exist yet; this process's own
+ * wait is for the end, and a stream opened once the task exists reads the event from the journal.
  */
-export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
+export function creationRows(sealer: Sealer, creations: readonly TaskCreation[]): CreationRows {
   const fast = creations.filter((creation) => creation.fast !== null);
   // Each fast task's journal from a fresh head: its WORKING event at the claim's revision.
   const events = fast.flatMap(
     ({ task, fast: start }) =>
       journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]).rows,
   );
-  const result = await db.one(
-    creationStatement.with([
-      creations.map(({ task }) => [task.owner, task.contextId] as const),
-      creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
-      creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
-      events,
-    ]),
-  );
-  if (result.tasks !== creations.length || result.events !== fast.length) {
-    throw new Error(`task creation wrote ${result.tasks} of ${creations.length} tasks and ${result.events} of ${fast.length} events`);
+  return [
+    creations.map(({ task }) => [task.owner, task.contextId] as const),
+    creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
+    creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
+    events,
+  ];
+}
+
+/** Fails when the statement wrote fewer tasks or events than the creations hold. */
+export function checkCreated(written: { tasks: number; events: number }, creations: readonly TaskCreation[]): void {
+  const fast = creations.filter((creation) => creation.fast !== null).length;
+  if (written.tasks !== creations.length || written.events !== fast) {
+    throw new Error(`task creation wrote ${written.tasks} of ${creations.length} tasks and ${written.events} of ${fast} events`);
   }
 }
+
+/** Writes the creations in one statement (one round trip, atomic on its own). */
+export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
+  checkCreated(await db.one(creationStatement.with(creationRows(sealer, creations))), creations);
+}
+
+/** Writes new tasks: alone (TaskCreations) or with the held completions ready at the same moment (TaskWriteBatch). */
+export type TaskCreator = { create(creation: TaskCreation): Promise<void> };
 
 /**
  * The creations of concurrent requests, written together: a request waits at most for the batch
  * in flight to return, then goes with everything that arrived meanwhile. One creation that
  * fails in a batch is retried alone and fails alone.
  */
-export class TaskCreations {
+export class TaskCreations implements TaskCreator {
   private readonly group: GroupCommit<TaskCreation, void>;
 
   constructor(pool: DatabasePool, sealer: Sealer, options: BatchOptions) {

@@ -266,4 +266,34 @@ describe('over A2A', () => {
     expect(creations.length).toBeGreaterThan(0);
     expect(creations.length).toBeLessThanOrEqual(requests.length);
   });
+
+  it('clients in a loop: creations and completions share statements, every task completed once with its result (decision 0048)', async () => {
+    const send = (text: string) => callA2A(keel.url, 'echo', 'JSONRPC', 'SendMessage', { message: { messageId: randomUUID(), role: 'ROLE_USER', parts: [{ text }] } }, { token });
+    const from = log.entries.length;
+    // Eight clients, eight tasks each, a short random pause between a client's tasks: requests
+    // arrive while other tasks' statements are in flight, as under real load.
+    const answered: string[] = [];
+    await Promise.all(
+      Array.from({ length: 8 }, async (_, client) => {
+        for (let turn = 0; turn < 8; turn += 1) {
+          await new Promise((resolve) => setTimeout(resolve, Math.floor(Math.random() * 4)));
+          const text = `client ${client} turn ${turn}`;
+          const answer = expectA2AResult('JSONRPC', await send(text));
+          expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
+          expect(answer.task.artifacts[0].parts[0].text).toBe(`echo: ${text}`);
+          answered.push(answer.task.id);
+        }
+      }),
+    );
+    expect(new Set(answered).size).toBe(64);
+    const writes = log.since(from, /keel:prepared/);
+    const together = writes.filter((entry) => entry.text.includes('new_tasks AS') && entry.text.includes('held AS'));
+    expect(together.length, 'statements that carried creations and completions').toBeGreaterThan(0);
+    // 64 creations and 64 completions in fewer statements than tasks (about 27 here: under one commit per two tasks).
+    expect(writes.filter((entry) => /new_tasks AS|held AS/.test(entry.text)).length).toBeLessThan(64);
+    const states = await keel.context.pool.any(sql.type(z.object({ state: z.string(), events: z.number() }))`
+      SELECT t.state, (SELECT count(*)::int FROM a2a_events e WHERE e.task_id = t.id) AS events FROM a2a_tasks t WHERE t.id = ANY(${sql.array(answered, 'uuid')})`);
+    expect(states).toHaveLength(64);
+    for (const state of states) expect(state).toEqual({ state: 'TASK_STATE_COMPLETED', events: 3 });
+  });
 });

@@ -1,22 +1,19 @@
-import { randomUUID } from 'node:crypto';
 import { pino } from 'pino';
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { createPushConfig } from '../../../src/push/push-config-repository.js';
-import { AuditTrail } from '../../../src/runs/audit-trail.js';
-import type { FastRun } from '../../../src/runs/fast-runs.js';
 import { cancelRun, getRun } from '../../../src/runs/run-repository.js';
 import { completeHeldRuns } from '../../../src/tasks/complete-held-runs.js';
-import type { CompletionInput } from '../../../src/tasks/complete-run.js';
 import { CompletionBatch } from '../../../src/tasks/completion-batch.js';
 import { countTasks } from '../../../src/tasks/task-counts.js';
-import { createTasksInNewContexts, heldRowsOfFastRun, type TaskCreation } from '../../../src/tasks/task-creation.js';
-import { getTaskRowById, recordAgentStatusMessage, sealTaskHistory } from '../../../src/tasks/task-repository.js';
+import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
+import { getTaskRowById, recordAgentStatusMessage } from '../../../src/tasks/task-repository.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { storedSettledRun } from '../../support/run-helpers.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf } from '../push/push-support.js';
+import { fastTask as fastTaskOf, heldCompletion } from '../../support/fast-tasks.js';
 import { writesOf } from '../../support/table-writes.js';
 
 // A fast run's completion written without reading first (decision 0029): one statement checks,
@@ -36,48 +33,7 @@ beforeAll(async () => {
 });
 afterAll(async () => db?.drop());
 
-type Fast = { creation: TaskCreation; run: FastRun; audit: AuditTrail; rolledBack: number };
-
-/** A task on the fast path as the API writes it, and the fast run the executor gets for it. */
-function fastTask(text = 'hello'): Fast {
-  const id = randomUUID();
-  const at = Date.now();
-  const message = { messageId: `m-${id}`, role: 'ROLE_USER' as const, parts: [{ text }], contextId: id, taskId: id };
-  const task = { id, contextId: id, owner, agent: 'echo', answerLevel: 'full' as const, history: [message], metadata: { asked: text } };
-  const sealedHistory = sealTaskHistory(sealer, task);
-  const request = { messages: [{ role: 'user' as const, content: text }] };
-  return {
-    creation: {
-      task: { ...task, sealedHistory },
-      run: { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', taskId: id, request },
-      fast: { claim, at },
-    },
-    run: { id, agent: 'echo', taskId: id, auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', request, at, task: { contextId: id, owner, metadata: task.metadata, history: sealedHistory, pushConfigured: false } },
-    audit: new AuditTrail(id, 'metadata', 0, logger),
-    rolledBack: 0,
-  };
-}
-
-function heldCompletion(fast: Fast): CompletionInput & { held: ReturnType<typeof heldRowsOfFastRun> } {
-  fast.audit.record({ kind: 'claimed', meta: { worker: claim.workerId, fastPath: true } });
-  fast.audit.record({ kind: 'completed', meta: { reason: 'completed' } });
-  return {
-    runId: fast.run.id,
-    workerId: claim.workerId,
-    reason: 'completed',
-    answer: `echo: ${fast.run.id}`,
-    totals: { iterations: 1, toolCalls: 0, inputTokens: 2, outputTokens: 3 },
-    taskId: fast.run.id,
-    hasOutputs: false,
-    held: heldRowsOfFastRun(fast.run),
-    takeAuditRows: () => fast.audit.takeUnrefusableRows(),
-    beforeSettle: (transaction) => fast.audit.flushWithin(transaction),
-    rolledBack: () => {
-      fast.rolledBack += 1;
-      fast.audit.restoreTaken();
-    },
-  };
-}
+const fastTask = (text = 'hello') => fastTaskOf({ sealer, owner, claim, text, metadata: { asked: text } });
 
 const stampRow = z.object({ run_changed: z.number(), task_status: z.number(), audit_kinds: z.array(z.string()), events: z.number(), deliveries: z.number() });
 const stampsOf = (id: string) =>

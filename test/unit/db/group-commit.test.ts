@@ -8,7 +8,16 @@ import { GroupCommit } from '../../../src/db/group-commit.js';
 
 type Call = { kind: 'batch' | 'one'; items: number[] };
 
-function recordingWriter(options: { failBatchWith?: (items: readonly number[]) => Error | null; failOne?: (item: number) => Error | null; delayMs?: number } = {}) {
+type WriterOptions = {
+  failBatchWith?: (items: readonly number[]) => Error | null;
+  failOne?: (item: number) => Error | null;
+  delayMs?: number;
+  gatherAfterBatch?: boolean;
+  lanes?: number;
+  spareLaneBacklog?: number;
+};
+
+function recordingWriter(options: WriterOptions = {}) {
   const calls: Call[] = [];
   const rolledBack: number[] = [];
   const wait = () => new Promise((resolve) => setTimeout(resolve, options.delayMs ?? 20));
@@ -29,6 +38,9 @@ function recordingWriter(options: { failBatchWith?: (items: readonly number[]) =
     },
     rolledBack: (item) => rolledBack.push(item),
     maxBatch: 4,
+    ...(options.gatherAfterBatch ? { gatherAfterBatch: true } : {}),
+    ...(options.lanes ? { lanes: options.lanes } : {}),
+    ...(options.spareLaneBacklog ? { spareLaneBacklog: options.spareLaneBacklog } : {}),
   });
   return { group, calls, rolledBack };
 }
@@ -96,5 +108,52 @@ describe('GroupCommit', () => {
     expect(written[0]!.waitedMs[0]!, 'a lone item starts on the next turn of the event loop').toBeLessThan(20);
     for (const waited of written[1]!.waitedMs) expect(waited, 'the second batch waited for the first to return').toBeGreaterThanOrEqual(15);
     for (const batch of written) expect(batch.writeMs, 'a batch takes at least its writer\'s 30 ms').toBeGreaterThanOrEqual(28);
+  });
+
+  /** Submits 1, and once it is written submits 10 after a few promise hops (as a run does its completion after its creation); 2 and 3 arrive meanwhile. */
+  async function followUp(group: GroupCommit<number, string>) {
+    const followed = group.submit(1).then(async (written) => {
+      for (let hop = 0; hop < 20; hop += 1) await Promise.resolve();
+      return [written, await group.submit(10)];
+    });
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    return Promise.all([followed, group.submit(2), group.submit(3)]);
+  }
+
+  it('gathering after a batch: the writes its callers make next go with the next batch (decision 0048)', async () => {
+    const { group, calls } = recordingWriter({ gatherAfterBatch: true });
+    expect(await followUp(group)).toEqual([['one:1', 'batch:10'], 'batch:2', 'batch:3']);
+    expect(calls).toEqual([
+      { kind: 'one', items: [1] },
+      { kind: 'batch', items: [2, 3, 10] },
+    ]);
+  });
+
+  it('without gathering, the lane takes what is queued when its batch returns, and the follow-up goes after', async () => {
+    const { group, calls } = recordingWriter();
+    expect(await followUp(group)).toEqual([['one:1', 'one:10'], 'batch:2', 'batch:3']);
+    expect(calls).toEqual([
+      { kind: 'one', items: [1] },
+      { kind: 'batch', items: [2, 3] },
+      { kind: 'one', items: [10] },
+    ]);
+  });
+
+  it('a spare lane opens only for a backlog: while one batch is in flight, fewer waiting items wait for it', async () => {
+    const { group, calls } = recordingWriter({ lanes: 2, spareLaneBacklog: 3, delayMs: 40 });
+    const first = group.submit(1);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    const waiting = [group.submit(2), group.submit(3)];
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    // Two waiting, fewer than three: the second lane stays closed.
+    expect(calls).toEqual([{ kind: 'one', items: [1] }]);
+    const third = group.submit(4);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    // Three waiting: the second lane takes them while the first is still writing 1.
+    expect(calls).toEqual([
+      { kind: 'one', items: [1] },
+      { kind: 'batch', items: [2, 3, 4] },
+    ]);
+    expect(await Promise.all([first, ...waiting, third])).toEqual(['one:1', 'batch:2', 'batch:3', 'batch:4']);
   });
 });

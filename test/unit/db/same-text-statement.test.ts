@@ -6,6 +6,7 @@ import { toBinaryArray } from '../../../src/db/binary-array.js';
 import { SameTextStatement } from '../../../src/db/same-text-statement.js';
 import { creationStatement } from '../../../src/tasks/task-creation.js';
 import { heldCompletionStatement } from '../../../src/tasks/complete-held-runs.js';
+import { creationsAndCompletionsStatement } from '../../../src/tasks/task-write-batch.js';
 import { commonCompletionStatement } from '../../../src/tasks/complete-runs-together.js';
 
 // A statement built once and given each call's rows (decision 0035) must be exactly what slonik
@@ -84,15 +85,19 @@ describe('SameTextStatement', () => {
 describe("the hot path's statements", () => {
   const sealed = (length: number) => Buffer.alloc(length, 7);
 
-  it('the creation statement is what slonik builds from the same rows', () => {
+  function creationSets(): Parameters<typeof creationStatement.with>[0] {
     const ids = [randomUUID(), randomUUID()];
     const at = Date.now();
-    const sets: Parameters<typeof creationStatement.with>[0] = [
+    return [
       ids.map((id) => [randomUUID(), id] as const),
       ids.map((id, index) => [id, 'echo', index === 0 ? 'running' : 'queued', 'metadata', 'full', null, id, sealed(120), index === 0 ? 'worker-1' : null, index === 0 ? 30_000 : null, index === 0 ? at : null, index === 0 ? 2 : 1]),
       ids.map((id) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(90), '{"a":"b\\"c"}', at, 2, 1, 'TASK_STATE_WORKING']),
       [[ids[0]!, 1, ids[0]!, 2, 0, 'status', 'TASK_STATE_WORKING', sealed(200)]],
     ];
+  }
+
+  it('the creation statement is what slonik builds from the same rows', () => {
+    const sets = creationSets();
     const fast = creationStatement.with(sets);
     const built = creationStatement.builtBySlonik(sets);
     expect(fast.sql).toBe(built.sql);
@@ -101,9 +106,28 @@ describe("the hot path's statements", () => {
   });
 
   it('the held completion statement is what slonik builds from the same rows', () => {
+    const sets = heldSets();
+    const fast = heldCompletionStatement.with(sets);
+    const built = heldCompletionStatement.builtBySlonik(sets);
+    expect(fast.sql).toBe(built.sql);
+    expect(fast.values).toEqual(built.values);
+    expect(fast.values.filter(Array.isArray), 'every column goes as a binary array; the one array left is a constant of the text').toEqual([['running']]);
+  });
+
+  it('the statement of creations and held completions together is what slonik builds from the same rows, and holds both statements\' CTEs', () => {
+    const sets = [...creationSets(), ...heldSets()] as unknown as Parameters<typeof creationsAndCompletionsStatement.with>[0];
+    const fast = creationsAndCompletionsStatement.with(sets);
+    const built = creationsAndCompletionsStatement.builtBySlonik(sets);
+    expect(fast.sql).toBe(built.sql);
+    expect(fast.values).toEqual(built.values);
+    for (const cte of ['new_contexts AS', 'new_runs AS', 'new_tasks AS', 'new_events AS', 'held AS MATERIALIZED', 'settled AS', 'notified AS']) expect(fast.sql).toContain(cte);
+    expect(fast.values.filter(Array.isArray)).toEqual([['running']]);
+  });
+
+  function heldSets(): Parameters<typeof heldCompletionStatement.with>[0] {
     const runId = randomUUID();
     const at = Date.now();
-    const sets: Parameters<typeof heldCompletionStatement.with>[0] = [
+    return [
       [[runId, runId, 'worker-1', 2, 'full', 1, 2, 'TASK_STATE_WORKING', sealed(90)]],
       [
         [runId, 1, 'claimed', '{"worker":"worker-1"}', at],
@@ -117,12 +141,7 @@ describe("the hot path's statements", () => {
       ],
       [`${runId} 3 1`],
     ];
-    const fast = heldCompletionStatement.with(sets);
-    const built = heldCompletionStatement.builtBySlonik(sets);
-    expect(fast.sql).toBe(built.sql);
-    expect(fast.values).toEqual(built.values);
-    expect(fast.values.filter(Array.isArray), 'every column goes as a binary array; the one array left is a constant of the text').toEqual([['running']]);
-  });
+  }
 
   it("the completion transaction's writing statement is what slonik builds from the same rows", () => {
     const runs = [randomUUID(), randomUUID()];
