@@ -3,7 +3,7 @@ import { Counter, Histogram, Registry } from 'prom-client';
 // What the hot path does in this process, counted as it happens (the rest of /metrics is read
 // from Postgres at scrape time): how runs were started (the fast path or the queue,
 // docs/decisions/0025-fast-path.md) and how many writes each group commit carried
-// (docs/decisions/0026-group-commit.md). Per process, since a restart begins at zero: rates and
+// (docs/decisions/0026-group-commit.md; one statement may carry both kinds, decision 0048). Per process, since a restart begins at zero: rates and
 // ratios, not totals, are what to read from them.
 
 export type RunStartPath = 'fast' | 'queue';
@@ -30,7 +30,7 @@ export class HotPathMetrics {
     });
     this.batches = new Histogram({
       name: 'keel_group_commit_batch_size',
-      help: 'Writes per group commit in this process: new tasks per creation statement, runs per completion transaction',
+      help: 'Writes per group commit in this process: new tasks per statement that creates tasks, runs per statement or transaction that completes them (a statement carrying both kinds counts under each)',
       labelNames: ['kind'],
       buckets: BATCH_BUCKETS,
       registers,
