@@ -10,7 +10,7 @@ import { isConnectionError } from './pool.js';
 // item fails alone and every other item of its batch is written.
 
 /** How a group commit batches and what it reports, as its owner configures it. */
-export type BatchOptions = {
+export type BatchOptions<I = unknown> = {
   /** At most this many items per batch (a bound on statement size and transaction length). */
   maxBatch: number;
   /**
@@ -29,12 +29,13 @@ export type BatchOptions = {
   /**
    * Called once per batch after it was written (committed, or failed and retried item by item):
    * how long each item waited for its batch to start, and how long the batch took from its start
-   * to its last item's answer, in milliseconds (metrics: where a write's time goes).
+   * to its last item's answer, in milliseconds (metrics: where a write's time goes), with the
+   * batch's items (for a writer whose items are of several kinds, task-write-batch.ts).
    */
-  onWritten?: (waitedMs: readonly number[], writeMs: number) => void;
+  onWritten?: (waitedMs: readonly number[], writeMs: number, items: readonly I[]) => void;
 };
 
-export type BatchWriter<I, R> = BatchOptions & {
+export type BatchWriter<I, R> = BatchOptions<I> & {
   /** Writes all items together; the results are in the items' order. */
   writeBatch: (items: readonly I[]) => Promise<readonly R[]>;
   /** Writes one item alone: a batch of one, and the retry of an item of a batch that failed. */
@@ -46,8 +47,6 @@ export type BatchWriter<I, R> = BatchOptions & {
    * batch: the writes its batch's callers make next (a completion after a creation) go with it.
    */
   gatherAfterBatch?: boolean;
-  /** onWritten with the batch's items, for a writer whose items are of several kinds (task-write-batch.ts). */
-  onItemsWritten?: (items: readonly I[], waitedMs: readonly number[], writeMs: number) => void;
 };
 
 type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void; submittedAt: number };
@@ -99,17 +98,13 @@ export class GroupCommit<I, R> {
       this.writer.onBatch?.(batch.length);
       const startedAt = performance.now();
       await this.write(batch);
-      const { onWritten, onItemsWritten } = this.writer;
-      if (onWritten || onItemsWritten) {
-        const waitedMs = batch.map((pending) => startedAt - pending.submittedAt);
-        const writeMs = performance.now() - startedAt;
-        onWritten?.(waitedMs, writeMs);
-        onItemsWritten?.(
+      const { onWritten } = this.writer;
+      if (onWritten)
+        onWritten(
+          batch.map((pending) => startedAt - pending.submittedAt),
+          performance.now() - startedAt,
           batch.map((pending) => pending.item),
-          waitedMs,
-          writeMs,
         );
-      }
     }
   }
 

@@ -148,7 +148,11 @@ export async function completeHeldRuns(
   sealer: Sealer,
   inputs: readonly HeldCompletion[],
 ): Promise<Array<CompletionResult | null>> {
-  const items = prepareHeldCompletions(sealer, inputs);
+  return writeHeldItems(pool, inputs, prepareHeldCompletions(sealer, inputs));
+}
+
+/** Writes held completions as prepareHeldCompletions left them, in one statement; the results as completeHeldRuns gives them. */
+export async function writeHeldItems(pool: CommonQueryMethods, inputs: readonly HeldCompletion[], items: readonly HeldItem[]): Promise<Array<CompletionResult | null>> {
   const rows = items.length === 0 ? [] : await pool.any(heldCompletionStatement.with(heldCompletionRows(items)));
   return heldCompletionResults(inputs, items, rows);
 }

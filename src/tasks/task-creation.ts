@@ -170,9 +170,14 @@ export function checkCreated(written: { tasks: number; events: number }, creatio
   }
 }
 
-/** Writes the creations in one statement (one round trip, atomic on its own). */
+/** Writes the creations from their rows (creationRows) in one statement (one round trip, atomic on its own). */
+export async function writeCreationRows(db: CommonQueryMethods, creations: readonly TaskCreation[], rows: CreationRows): Promise<void> {
+  checkCreated(await db.one(creationStatement.with(rows)), creations);
+}
+
+/** Writes the creations in one statement. */
 export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
-  checkCreated(await db.one(creationStatement.with(creationRows(sealer, creations))), creations);
+  await writeCreationRows(db, creations, creationRows(sealer, creations));
 }
 
 /** Writes new tasks: alone (TaskCreations) or with the held completions ready at the same moment (TaskWriteBatch). */
@@ -188,7 +193,7 @@ export class TaskCreations implements TaskCreator {
 
   constructor(pool: DatabasePool, sealer: Sealer, options: BatchOptions) {
     const write = (creations: readonly TaskCreation[]) => createTasksInNewContexts(pool, sealer, creations);
-    this.group = new GroupCommit({
+    this.group = new GroupCommit<TaskCreation, void>({
       ...options,
       writeBatch: async (creations) => {
         await write(creations);

@@ -6,7 +6,6 @@ import { SameTextStatement } from '../db/same-text-statement.js';
 import type { Sealer } from '../sealing/sealer.js';
 import {
   HELD_COMPLETION_SHAPES,
-  heldCompletionStatement,
   heldCompletionCtes,
   heldCompletionResults,
   heldCompletionRows,
@@ -16,6 +15,7 @@ import {
   type HeldCompletion,
   type HeldCompletionRows,
   type HeldItem,
+  writeHeldItems,
 } from './complete-held-runs.js';
 import type { CompletionResult } from './complete-run.js';
 import {
@@ -24,7 +24,7 @@ import {
   creationCtes,
   CREATION_SHAPES,
   creationRows,
-  creationStatement,
+  writeCreationRows,
   type CreationRows,
   type TaskCreation,
   type TaskCreator,
@@ -166,15 +166,13 @@ export class TaskWriteBatch implements TaskCreator, HeldCompleter {
       },
       writeOne: async (write) => {
         if (write.kind === 'creation') {
-          checkCreated(await pool.one(creationStatement.with(write.rows)), [write.creation]);
+          await writeCreationRows(pool, [write.creation], write.rows);
           return { kind: 'creation' };
         }
         // Written again alone after a failed statement gave its audit rows back: prepared again.
         const item = write.item ?? prepareHeld(sealer, write.completion);
-        if (item === null) return { kind: 'completion', result: null };
-        const items = batchItems([item]);
-        const rows = await pool.any(heldCompletionStatement.with(heldCompletionRows(items)));
-        return { kind: 'completion', result: heldCompletionResults([write.completion], items, rows)[0]! };
+        const [result] = await writeHeldItems(pool, [write.completion], item === null ? [] : batchItems([item]));
+        return { kind: 'completion', result: result! };
       },
       rolledBack: (write) => {
         if (write.kind !== 'completion') return;
@@ -183,7 +181,7 @@ export class TaskWriteBatch implements TaskCreator, HeldCompleter {
       },
       ...(onBatch || onWritten
         ? {
-            onItemsWritten: (writes: readonly Write[], waitedMs: readonly number[], writeMs: number) => {
+            onWritten: (waitedMs: readonly number[], writeMs: number, writes: readonly Write[]) => {
               const creations = writes.filter((write) => write.kind === 'creation').length;
               onBatch?.({ creations, completions: writes.length - creations });
               for (const kind of ['creation', 'completion'] as const) {

@@ -85,8 +85,8 @@ describe('GroupCommit', () => {
     expect(results.every((result) => result.status === 'rejected')).toBe(true);
     expect(calls).toEqual([{ kind: 'batch', items: [1, 2, 3] }]);
   });
-  it('reports each batch once it is written: every item\'s wait for its batch, and the batch\'s own time', async () => {
-    const written: Array<{ waitedMs: readonly number[]; writeMs: number }> = [];
+  it('reports each batch once it is written: its items, every item\'s wait for its batch, and the batch\'s own time', async () => {
+    const written: Array<{ waitedMs: readonly number[]; writeMs: number; items: readonly number[] }> = [];
     const group = new GroupCommit<number, number>({
       writeBatch: async (items) => {
         await new Promise((resolve) => setTimeout(resolve, 30));
@@ -97,7 +97,7 @@ describe('GroupCommit', () => {
         return item;
       },
       maxBatch: 8,
-      onWritten: (waitedMs, writeMs) => written.push({ waitedMs, writeMs }),
+      onWritten: (waitedMs, writeMs, items) => written.push({ waitedMs, writeMs, items }),
     });
     const first = group.submit(1);
     await new Promise((resolve) => setTimeout(resolve, 5));
@@ -105,6 +105,7 @@ describe('GroupCommit', () => {
     await Promise.all([first, group.submit(2), group.submit(3)]);
     await new Promise((resolve) => setImmediate(resolve));
     expect(written.map((batch) => batch.waitedMs.length)).toEqual([1, 2]);
+    expect(written.map((batch) => batch.items), 'each report names its batch\'s items, in order').toEqual([[1], [2, 3]]);
     expect(written[0]!.waitedMs[0]!, 'a lone item starts on the next turn of the event loop').toBeLessThan(20);
     for (const waited of written[1]!.waitedMs) expect(waited, 'the second batch waited for the first to return').toBeGreaterThanOrEqual(15);
     for (const batch of written) expect(batch.writeMs, 'a batch takes at least its writer\'s 30 ms').toBeGreaterThanOrEqual(28);
