@@ -20,6 +20,13 @@ beforeAll(async () => {
 });
 afterAll(async () => db?.drop());
 
+/** A promise and its resolve (Node 20 has no Promise.withResolvers). */
+function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((done) => (resolve = done));
+  return { promise, resolve };
+}
+
 const noteIds = () => db.pool.anyFirst(sql.type(z.object({ id: z.number() }))`SELECT id FROM notes ORDER BY id`);
 /** In a transaction block now() is the block's start, earlier than a later statement's own start. */
 const blockStartedEarlier = (transaction: CommonQueryMethods) =>
@@ -80,15 +87,23 @@ describe("the pool's transaction()", () => {
   it('runs a transaction the server refused with a deadlock again, and the retry commits', async () => {
     // Two transactions lock the pair's rows in opposite orders; Postgres breaks the deadlock by
     // refusing one (40P01). That one is run again from BEGIN and commits on its next attempt.
+    // Each first attempt holds its first row before either asks for its second (a barrier, not a
+    // pause, so a slow machine cannot let one finish alone), and a retry locks in ascending order:
+    // the refused one's retry cannot deadlock a second time with the one still running.
     const attempts = { first: 0, second: 0 };
-    const lockInOrder = (which: keyof typeof attempts, [a, b]: [number, number]) =>
+    const firstRowHeld = { first: deferred(), second: deferred() };
+    const lockInOrder = (which: keyof typeof attempts, other: keyof typeof attempts, [a, b]: [number, number]) =>
       db.pool.transaction(async (transaction) => {
         attempts[which] += 1;
-        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${a}`);
-        if (attempts[which] === 1) await new Promise((resolve) => setTimeout(resolve, 300));
-        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${b}`);
+        const [one, two] = attempts[which] === 1 ? [a, b] : [Math.min(a, b), Math.max(a, b)];
+        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${one}`);
+        if (attempts[which] === 1) {
+          firstRowHeld[which].resolve();
+          await firstRowHeld[other].promise;
+        }
+        await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${two}`);
       });
-    await Promise.all([lockInOrder('first', [1, 2]), lockInOrder('second', [2, 1])]);
+    await Promise.all([lockInOrder('first', 'second', [1, 2]), lockInOrder('second', 'first', [2, 1])]);
     expect(attempts.first + attempts.second, 'one of the two ran twice').toBe(3);
     const counts = await db.pool.anyFirst(sql.type(z.object({ n: z.number() }))`SELECT n FROM pair ORDER BY id`);
     expect(counts, 'each committed once: the refused attempt left nothing').toEqual([2, 2]);
