@@ -115,6 +115,10 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          line after each measurement, and `cpu` in the JSON. Off (0) by default
 //   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
 //                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
+//   BENCH_TOP_STATEMENTS   N: after each Keel target's run, print the N statements that took the most of
+//                          Postgres's execution time on its database over the whole run (warm-up
+//                          included): calls per request, mean ms, time per request. Needs
+//                          pg_stat_statements, as stmts/req does (the private cluster)
 //   BENCH_LOG_STATEMENTS   1: ALTER DATABASE <bench database> SET log_statement = 'all' when it is
 //                          created (every target's statements in the server log; slows the server).
 //                          Meant with BENCH_POSTGRES=machine: the private cluster logs to a pipe of
@@ -656,7 +660,11 @@ function countsStatements(): Promise<boolean> {
 
 /** Counts the top-level statements of sessions opened on the database from now on (BEGIN, COMMIT and the like among them). */
 async function trackStatements(name: string): Promise<void> {
-  await withAdmin((client) => client.query(`ALTER DATABASE ${name} SET pg_stat_statements.track = 'top'`));
+  await withAdmin(async (client) => {
+    await client.query(`ALTER DATABASE ${name} SET pg_stat_statements.track = 'top'`);
+    // The top statements' planning time too (it costs a little for every statement).
+    if (Number(process.env.BENCH_TOP_STATEMENTS ?? 0) > 0) await client.query(`ALTER DATABASE ${name} SET pg_stat_statements.track_planning = on`);
+  });
 }
 
 /** The statements run on the database so far, as pg_stat_statements counts them (each entry's calls). */
@@ -1079,6 +1087,26 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       const statements = statementsBefore === undefined ? undefined : (await statementsRun(databaseName(databaseUrl))) - statementsBefore;
       addDatabaseWork(result, before, after, requests, statements);
     }
+    const top = Number(process.env.BENCH_TOP_STATEMENTS ?? 0);
+    if (counting && top > 0) console.error(await topStatements(databaseName(databaseUrl), top));
+  });
+}
+
+/** The statements that took the most execution time on the database (BENCH_TOP_STATEMENTS), one line each. */
+async function topStatements(name: string, limit: number): Promise<string> {
+  return withAdmin(async (client) => {
+    const { rows } = await client.query<{ calls: string; total: number; mean: number; plans: string; plan: number; query: string }>(
+      `SELECT s.calls, s.total_exec_time AS total, s.mean_exec_time AS mean, s.plans, s.mean_plan_time AS plan, s.query
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+        WHERE d.datname = $1 ORDER BY s.total_exec_time DESC LIMIT $2`,
+      [name, limit],
+    );
+    const all = rows.reduce((sum, row) => sum + row.total, 0);
+    const lines = rows.map((row) => {
+      const text = row.query.replace(/\s+/g, ' ').slice(0, 110);
+      return `  ${row.total.toFixed(0).padStart(8)} ms ${((100 * row.total) / all).toFixed(1).padStart(5)} %  ${String(row.calls).padStart(8)} calls  mean ${row.mean.toFixed(3)} ms  ${String(row.plans).padStart(6)} plans  mean ${Number(row.plan ?? 0).toFixed(3)} ms  ${text}`;
+    });
+    return [`top statements by execution time on ${name} (the whole run; % of these ${rows.length}):`, ...lines].join('\n');
   });
 }
 
