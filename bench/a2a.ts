@@ -116,9 +116,11 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
 //                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
 //   BENCH_TOP_STATEMENTS   N: after each Keel target's run, print the N statements that took the most of
-//                          Postgres's execution time on its database over the whole run (warm-up
-//                          included): calls per request, mean ms, time per request. Needs
-//                          pg_stat_statements, as stmts/req does (the private cluster)
+//                          Postgres's execution time on its database over the whole run (start-up
+//                          and warm-up included): total ms and its share of the N, calls, mean
+//                          execution ms, times planned and mean planning ms (planning is tracked
+//                          for that database when N > 0). Needs pg_stat_statements, as stmts/req
+//                          does (the private cluster)
 //   BENCH_LOG_STATEMENTS   1: ALTER DATABASE <bench database> SET log_statement = 'all' when it is
 //                          created (every target's statements in the server log; slows the server).
 //                          Meant with BENCH_POSTGRES=machine: the private cluster logs to a pipe of
