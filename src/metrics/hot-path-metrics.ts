@@ -3,8 +3,8 @@ import { Counter, Histogram, Registry } from 'prom-client';
 // What the hot path does in this process, counted as it happens (the rest of /metrics is read
 // from Postgres at scrape time): how runs were started (the fast path or the queue,
 // docs/decisions/0025-fast-path.md) and how many writes each group commit carried
-// (docs/decisions/0026-group-commit.md; one statement may carry both kinds, decision 0048). Per process, since a restart begins at zero: rates and
-// ratios, not totals, are what to read from them.
+// (docs/decisions/0026-group-commit.md; one statement may carry both kinds, decision 0048). Per
+// process, since a restart begins at zero: rates and ratios, not totals, are what to read from them.
 
 export type RunStartPath = 'fast' | 'queue';
 export type BatchKind = 'creation' | 'completion';

@@ -14,9 +14,9 @@ import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResults
 // The completion of runs whose rows this process knows without reading them (decision 0029): a
 // fast run's run and task as its insert left them. One statement, committed on its own (or with
 // new tasks' creations, decision 0048), locks the run and task rows, checks that they are still
-// exactly as the process expects, and writes for
-// the runs that pass what the completion transaction (complete-runs-together.ts) writes: the
-// audit rows, the result, the settle and the journal rows. It NOTIFYs only the tasks a stream
+// exactly as the process expects, and writes for the runs that pass what the completion
+// transaction (complete-runs-together.ts) writes: the audit rows, the result, the settle and the
+// journal rows. It NOTIFYs only the tasks a stream
 // watches (decision 0047): the process wakes its own waiters when the statement returns, and a
 // stream elsewhere marked the task, which the lock here reads. It reads nothing first, so
 // a lone task's completion is one round trip and one commit, not four round trips. A run that
@@ -181,8 +181,8 @@ export type HeldCompletionRows = [
 
 /**
  * The held completions' CTEs, in a statement of their own or with creations (task-write-batch.ts):
- * `held` locks the runs and tasks that are exactly as expected (run id order, each
- * run before its task, as every batch locks), and every write is limited to them, so a run that
+ * `held` locks the runs and tasks that are exactly as expected (run id order, each run before its
+ * task, as every batch locks), and every write is limited to them, so a run that
  * fails the check is left untouched. The statement is prepared (decision 0030): its plan is made
  * again as the connection's runs of it grow tenfold, so a plan made on empty tables does not stay;
  * its text is built once (same-text-statement.ts). A task with an active or paused push config
