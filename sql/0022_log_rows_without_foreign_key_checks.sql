@@ -14,21 +14,27 @@
 ALTER TABLE a2a_events DROP CONSTRAINT IF EXISTS a2a_events_task_id_fkey;
 ALTER TABLE run_events DROP CONSTRAINT IF EXISTS run_events_run_id_fkey;
 
--- One function for both logs: the trigger names the log table and its column that holds the
--- deleted row's id. Dynamic SQL, planned on each call from the rows at hand (a deletion is
--- retention's work, not the hot path's), so no plan kept for the session can turn into a scan of
--- the whole log.
-CREATE OR REPLACE FUNCTION keel_delete_log_rows() RETURNS trigger
+-- Dynamic SQL: planned on each call from the rows at hand (a deletion is retention's work, not
+-- the hot path's), so no plan kept for the session can turn into a scan of the whole log.
+CREATE OR REPLACE FUNCTION keel_delete_task_journal() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-  EXECUTE format('DELETE FROM %I l USING keel_deleted_parents p WHERE l.%I = p.id', TG_ARGV[0], TG_ARGV[1]);
+  EXECUTE 'DELETE FROM a2a_events e USING keel_gone_tasks g WHERE e.task_id = g.id';
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION keel_delete_run_audit() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE 'DELETE FROM run_events e USING keel_gone_runs g WHERE e.run_id = g.id';
   RETURN NULL;
 END
 $$;
 
 CREATE OR REPLACE TRIGGER a2a_tasks_delete_journal AFTER DELETE ON a2a_tasks
-  REFERENCING OLD TABLE AS keel_deleted_parents
-  FOR EACH STATEMENT EXECUTE FUNCTION keel_delete_log_rows('a2a_events', 'task_id');
+  REFERENCING OLD TABLE AS keel_gone_tasks
+  FOR EACH STATEMENT EXECUTE FUNCTION keel_delete_task_journal();
 CREATE OR REPLACE TRIGGER runs_delete_audit AFTER DELETE ON runs
-  REFERENCING OLD TABLE AS keel_deleted_parents
-  FOR EACH STATEMENT EXECUTE FUNCTION keel_delete_log_rows('run_events', 'run_id');
+  REFERENCING OLD TABLE AS keel_gone_runs
+  FOR EACH STATEMENT EXECUTE FUNCTION keel_delete_run_audit();
