@@ -73,8 +73,9 @@ export type LoopContext = LoopState & { limits: LoopLimits; guarded: GuardedStag
 
 /** The loop state of a request not yet worked on: its transcript, nothing counted or pending. */
 export function freshLoopState(messages: TranscriptMessage[], requestMetadata?: Record<string, unknown>): LoopState {
+  // The optional field goes last: an object literal that starts with a spread gets a hidden class
+  // of its own on Node 20 (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
   return {
-    ...(requestMetadata ? { requestMetadata } : {}),
     transcript: messages,
     iteration: 0,
     toolCallCount: 0,
@@ -87,6 +88,7 @@ export function freshLoopState(messages: TranscriptMessage[], requestMetadata?: 
     pendingInput: null,
     pendingDependency: null,
     resume: null,
+    ...(requestMetadata ? { requestMetadata } : {}),
   };
 }
 

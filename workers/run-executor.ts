@@ -590,7 +590,10 @@ export function createRunExecutor(
           },
         });
       }
-      const stepped = await loopStepper.run({ ...rebuilt.state, limits, guarded, outcome: null }, steps);
+      // The context's own fields first, the state spread last (a loop state has none of them):
+      // `{ ...state, limits }` would make a hidden class per run on Node 20
+      // (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
+      const stepped = await loopStepper.run({ limits, guarded, outcome: null, ...rebuilt.state }, steps);
       const { limits: _limits, guarded: _guarded, outcome: _outcome, ...state } = stepped.context;
       return { outcome: stepped.output, state, artifacts: [] };
     };

@@ -295,7 +295,9 @@ export class A2AService {
       if (!message.contextId && !pushInput) {
         // The common case, a first message: one statement, written with the other requests' creations.
         runRequest = request([]);
-        await this.creations.create({ task: { ...task, sealedHistory }, run: { ...runInput, request: runRequest }, fast });
+        // The added field first, the spread last: `{ ...task, sealedHistory }` would make a hidden
+        // class per task (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
+        await this.creations.create({ task: { sealedHistory, ...task }, run: { request: runRequest, ...runInput }, fast });
       } else {
         runRequest = await pool.transaction(async (transaction) => {
           await ensureContext(transaction, caller.clientId, contextId);

@@ -20,12 +20,24 @@ export function auditPayload(level: PrivacyLevel, event: AuditEvent): Record<str
   if (event.content === undefined) return meta;
   switch (level) {
     case 'full':
-      return { ...meta, content: event.content };
+      return withContent(meta, event.content);
     case 'redacted':
-      return { ...meta, content: redactValue(event.content) };
+      return withContent(meta, redactValue(event.content));
     case 'metadata':
-      return { ...meta, content: summarizeValue(event.content) };
+      return withContent(meta, summarizeValue(event.content));
   }
+}
+
+/**
+ * `{ ...meta, content }` built so that every payload of one kind shares a hidden class: a literal
+ * that starts with a spread gets one of its own on Node 20, and so does an object grown from `{}`
+ * once the empty object's transitions are full (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
+ * The payload is stored as jsonb, so where `content` sits among the keys does not matter.
+ */
+function withContent(meta: Record<string, unknown>, content: unknown): Record<string, unknown> {
+  const payload: Record<string, unknown> = { content: undefined, ...meta };
+  payload.content = content;
+  return payload;
 }
 
 export type SerializedRow = [sequence: number, kind: string, payload: string, at: number];
