@@ -6,8 +6,7 @@ import { auditPayload } from '../../../src/runs/audit-trail.js';
 import { journalEventsSince, type CommittedRun, type JournalHead } from '../../../src/tasks/journal-writer.js';
 
 // Node 20's V8 gives every object built as `{ ...a, more }` a hidden class (map) of its own, made
-// in old space; the dead maps keep what the objects held alive through the young collections, so
-// a task's objects were promoted and only a full collection freed them
+// in old space, where dead maps can keep young objects alive until a full collection
 // (docs/decisions/0050-no-leading-spread-on-the-hot-path.md). What a task builds on the hot path
 // must share its hidden classes with the same object of the next task. V8's own test helper
 // %HaveSameMap tells; natives syntax is allowed only while the helper is compiled.
