@@ -61,11 +61,12 @@ export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs
   // The events' objects are written out field by field, never as `{ ...base, more }`: Node 20's V8
   // gives every object built by a spread followed by more fields a hidden class of its own, in old
   // space (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
+  const { taskId, contextId } = head;
   const events: JournalEventDraft[] = [];
   const status = (state: TaskState, timestamp: number, message?: Message): JournalEventDraft => ({
     kind: 'status',
     state,
-    response: { statusUpdate: { taskId: head.taskId, contextId: head.contextId, status: { state, ...(message ? { message } : {}), timestamp: isoTime(timestamp) } } },
+    response: { statusUpdate: { taskId, contextId, status: { state, ...(message ? { message } : {}), timestamp: isoTime(timestamp) } } },
   });
   let projected = head.projectedState;
   const state = taskStateOf(run.status, run.failureDetail);
@@ -105,8 +106,8 @@ export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs
       state: null,
       response: {
         artifactUpdate: {
-          taskId: head.taskId,
-          contextId: head.contextId,
+          taskId,
+          contextId,
           artifact: { artifactId: output.artifactId ?? `artifact-${output.ordinal}`, ...(content.name ? { name: content.name } : {}), parts: content.parts ?? [] },
           append: output.append,
           lastChunk: output.lastChunk,
@@ -124,7 +125,7 @@ export function journalEventsSince(head: JournalHead, run: CommittedRun, outputs
       // The result written by the completion transaction: artifacts not already streamed.
       const streamed = new Set(outputs.filter((output) => output.kind === 'artifact').map((output) => output.artifactId));
       for (const artifact of head.artifacts().filter((candidate) => !streamed.has(candidate.artifactId))) {
-        events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { taskId: head.taskId, contextId: head.contextId, artifact, lastChunk: true } } });
+        events.push({ kind: 'artifact', state: null, response: { artifactUpdate: { taskId, contextId, artifact, lastChunk: true } } });
       }
       events.push(status(state, run.statusChangedAt, statusMessage ?? undefined));
     } else {
