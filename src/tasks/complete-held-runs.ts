@@ -185,8 +185,11 @@ export type HeldCompletionRows = [
  * task, as every batch locks), and every write is limited to them, so a run that
  * fails the check is left untouched. The statement is prepared (decision 0030): its plan is made
  * again as the connection's runs of it grow tenfold, so a plan made on empty tables does not stay;
- * its text is built once (same-text-statement.ts). A task with an active or paused push config
- * fails it too: its deliveries, bounded per config, are written by the transaction. The counts
+ * its text is built once (same-text-statement.ts). A task that ever had a push config fails it
+ * too (its deliveries, bounded per config, are written by the transaction): told by the counter a
+ * config's creation and deletion raise on the task row (sql/0024), which Postgres rechecks on the
+ * row's newest version once the lock is granted, where a subquery on push_configs would see the
+ * database as it was when the statement began. The counts
  * are checked inside the statement, so a write that fell short fails the whole statement instead
  * of committing part of a completion. `watched` is read under the task's lock: a stream that
  * marked the task before gets the NOTIFY, one that marks it after reads the journal after this
@@ -205,7 +208,7 @@ export function heldCompletionCtes([expected, audit, results, settles, journal, 
         AND t.answer_level = e.level AND t.last_sequence = e.last_sequence AND t.projected_revision = e.projected_revision
         AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM e.history
         AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
-        AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = t.id AND p.deleted_at IS NULL AND p.state IN ('active', 'paused'))
+        AND t.push_config_changes = 0
       ORDER BY r.id
       FOR UPDATE OF r, t),
     audited AS (${insertAuditRowsStatement(audit, held)} RETURNING 1),
