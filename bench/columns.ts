@@ -1,8 +1,8 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { arrayCasts } from '../src/db/same-text-statement.js';
-import { heldCompletionStatement } from '../src/tasks/complete-held-runs.js';
-import { creationStatement } from '../src/tasks/task-creation.js';
+import { heldCompletionStatement } from '../src/writes/complete-held-runs.js';
+import { creationStatement } from '../src/writes/task-creation.js';
 import { clockTicks, envKnobs, machineLine, postgresVersion, procStat } from './keel-harness.js';
 import { ADMIN_URL, fmt } from './support.js';
 

@@ -10,7 +10,7 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun, createRun } from '../runs/run-repository.js';
 import type { FastRunSlot, FastRuns } from '../runs/fast-runs.js';
-import { journalFastStart, TaskCreations, type TaskCreator } from '../tasks/task-creation.js';
+import { journalFastStart, TaskCreations, type TaskCreator } from '../writes/task-creation.js';
 import { DEFAULT_PROJECTION_OPTIONS, type ProjectionOptions } from '../tasks/journal-writer.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';

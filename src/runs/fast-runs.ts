@@ -21,7 +21,7 @@ export type FastRun = {
   /**
    * Its task as the same insert wrote it (WORKING since `at`, its WORKING event journaled), with
    * the history's sealed bytes: the completion writes against this without reading the task first
-   * (src/tasks/complete-held-runs.ts), and answers from it.
+   * (src/writes/complete-held-runs.ts), and answers from it.
    */
   task: {
     contextId: string;

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createClient } from '../../src/auth/client-repository.js';
 import { claimQueuedRun } from '../../src/runs/run-repository.js';
-import { completeRun } from '../../src/tasks/complete-run.js';
+import { completeRun } from '../../src/writes/complete-run.js';
 import { decideApproval, readSuspendedRun } from '../../src/runs/resume-run.js';
 import { silentLogger } from '../../src/log/logger.js';
 import { projectRun } from '../../src/tasks/task-projector.js';

@@ -3,8 +3,8 @@ import { pino } from 'pino';
 import { AuditTrail } from '../../src/runs/audit-trail.js';
 import type { FastRun } from '../../src/runs/fast-runs.js';
 import type { Sealer } from '../../src/sealing/sealer.js';
-import type { HeldCompletion } from '../../src/tasks/complete-held-runs.js';
-import { heldRowsOfFastRun, type TaskCreation } from '../../src/tasks/task-creation.js';
+import type { HeldCompletion } from '../../src/writes/complete-held-runs.js';
+import { heldRowsOfFastRun, type TaskCreation } from '../../src/writes/task-creation.js';
 import { sealTaskHistory } from '../../src/tasks/task-repository.js';
 
 // A task on the fast path as the API writes it (its creation), the fast run the executor gets for

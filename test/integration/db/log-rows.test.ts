@@ -1,9 +1,9 @@
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { completeHeldRuns } from '../../../src/tasks/complete-held-runs.js';
+import { completeHeldRuns } from '../../../src/writes/complete-held-runs.js';
 import { purgeExpiredRuns } from '../../../src/tasks/retention.js';
-import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
+import { createTasksInNewContexts } from '../../../src/writes/task-creation.js';
 import { fastTask, heldCompletion, type FastTask } from '../../support/fast-tasks.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';

@@ -15,7 +15,7 @@ import {
   suspendRun,
 } from '../../../src/runs/run-repository.js';
 import { countTasks, foldTaskCountDeltas } from '../../../src/tasks/task-counts.js';
-import { createTasksInNewContexts } from '../../../src/tasks/task-creation.js';
+import { createTasksInNewContexts } from '../../../src/writes/task-creation.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { writesOf } from '../../support/table-writes.js';

@@ -4,10 +4,10 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { toBinaryArray } from '../../../src/db/binary-array.js';
 import { SameTextStatement } from '../../../src/db/same-text-statement.js';
-import { creationStatement } from '../../../src/tasks/task-creation.js';
-import { heldCompletionStatement } from '../../../src/tasks/complete-held-runs.js';
-import { creationsAndCompletionsStatement } from '../../../src/tasks/task-write-batch.js';
-import { commonCompletionStatement } from '../../../src/tasks/complete-runs-together.js';
+import { creationStatement } from '../../../src/writes/task-creation.js';
+import { heldCompletionStatement } from '../../../src/writes/complete-held-runs.js';
+import { creationsAndCompletionsStatement } from '../../../src/writes/task-write-batch.js';
+import { commonCompletionStatement } from '../../../src/writes/complete-runs-together.js';
 
 // A statement built once and given each call's rows (decision 0035) must be exactly what slonik
 // builds from the same rows, fragment by fragment: the same text and the same values in the same

@@ -17,8 +17,8 @@ import {
   type JournalHead,
   type JournalRow,
   type ProjectionOptions,
-} from './journal-writer.js';
-import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask } from './task-repository.js';
+} from '../tasks/journal-writer.js';
+import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask } from '../tasks/task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
 import type { HeldRows } from './complete-run.js';
 

@@ -20,8 +20,8 @@ import {
   notifyAllStatement,
   recordEventDeliveries,
   type JournalRow,
-} from './journal-writer.js';
-import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
+} from '../tasks/journal-writer.js';
+import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from '../tasks/task-repository.js';
 
 // The completions of runs that end together, written by one statement in one transaction (group
 // commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the

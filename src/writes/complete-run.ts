@@ -7,9 +7,9 @@ import { auditRowsOf, insertAuditRowsStatement, type SerializedRow } from '../ru
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { mergeArtifacts } from './merge-artifacts.js';
-import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type JournalWrite, type ProjectionOptions } from './journal-writer.js';
-import { openSealed, scrubTaskContent, writeTaskResult, type TaskRow } from './task-repository.js';
+import { mergeArtifacts } from '../tasks/merge-artifacts.js';
+import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type JournalWrite, type ProjectionOptions } from '../tasks/journal-writer.js';
+import { openSealed, scrubTaskContent, writeTaskResult, type TaskRow } from '../tasks/task-repository.js';
 import type { Artifact, Message, TaskState } from '../protocol/wire.js';
 import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type NewRunOutput, type StoredRunOutput } from '../runs/run-output-repository.js';
 import type { RunRow } from '../runs/run-row.js';

@@ -8,8 +8,8 @@ import { completeRunsStatement, SETTLE_COLUMNS, settleRow } from '../runs/run-re
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows, type SettledRun } from './complete-run.js';
-import { insertJournalRowsStatement, JOURNAL_COLUMNS, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from './journal-writer.js';
-import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from './task-repository.js';
+import { insertJournalRowsStatement, JOURNAL_COLUMNS, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from '../tasks/journal-writer.js';
+import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from '../tasks/task-repository.js';
 
 // The completion of runs whose rows this process knows without reading them (decision 0029): a
 // fast run's run and task as its insert left them. One statement, committed on its own (or with
