@@ -1,5 +1,6 @@
 import { sql, type CommonQueryMethods, type FragmentSqlToken, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { redactValue } from '../privacy/redact.js';
@@ -57,17 +58,22 @@ function cannotBeRefused(row: SerializedRow): boolean {
   return PRINTABLE_ASCII.test(row[1]) && PRINTABLE_ASCII.test(row[2]) && !REFUSED_ESCAPE.test(row[2]);
 }
 
-/** An audit row of a run, as insertAuditRowsStatement writes it. */
-export type AuditRow = readonly [runId: string, ...SerializedRow];
-
-const AUDIT_COLUMN_TYPES = ['uuid', 'int4', 'text', 'jsonb', 'float8'];
+/** An audit row of a run, as insertAuditRowsStatement writes it (row-shape.ts). */
+export const AUDIT_ROW = rowShape([
+  ['run_id', 'uuid'],
+  ['sequence', 'int4'],
+  ['kind', 'text'],
+  ['payload', 'jsonb'],
+  ['at', 'float8'],
+]);
+export type AuditRow = ShapedRow;
 
 /** How many cells an AuditRow has. */
-export const AUDIT_COLUMNS = AUDIT_COLUMN_TYPES.length;
+export const AUDIT_COLUMNS = AUDIT_ROW.width;
 
 /** A run's serialized rows as audit rows. */
 export function auditRowsOf(runId: string, rows: readonly SerializedRow[]): AuditRow[] {
-  return rows.map((row) => [runId, ...row] as const);
+  return rows.map(([sequence, kind, payload, at]) => AUDIT_ROW.row({ run_id: runId, sequence, kind, payload, at }));
 }
 
 /**
@@ -80,7 +86,7 @@ export function insertAuditRowsStatement(rows: readonly AuditRow[], onlyRunsOf: 
   return sql.fragment`
     INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
     SELECT a.run_id, a.sequence, a.kind, a.payload, to_timestamp(a.at / 1000.0)
-    FROM ${sql.unnest(rows as unknown as unknown[][], AUDIT_COLUMN_TYPES)} AS a(run_id, sequence, kind, payload, at)
+    FROM ${AUDIT_ROW.unnest(rows, 'a')}
     ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`WHERE a.run_id IN (SELECT run_id FROM ${onlyRunsOf})`}
     ON CONFLICT (run_id, sequence) DO NOTHING`;
 }

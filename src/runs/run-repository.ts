@@ -18,6 +18,7 @@ import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION, runRow, type RunRow } from './run-row.js';
 import { newRowId } from '../db/row-id.js';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
@@ -68,41 +69,53 @@ export type FastStart = { claim: Claim; at: number };
  */
 export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }, fast: FastStart | null = null) {
   const request = sealer.sealJson(queuedRequestContext(input.id), input.request);
-  return [
-    input.id,
-    input.agent,
-    fast === null ? 'queued' : to('CLAIM'),
-    input.auditLevel,
-    input.answerLevel,
-    input.provider ?? null,
-    input.taskId ?? null,
+  return RUN_ROW.row({
+    id: input.id,
+    agent: input.agent,
+    status: fast === null ? 'queued' : to('CLAIM'),
+    audit_level: input.auditLevel,
+    answer_level: input.answerLevel,
+    provider: input.provider ?? null,
+    task_id: input.taskId ?? null,
     request,
-    fast?.claim.workerId ?? null,
-    fast?.claim.leaseMs ?? null,
-    fast?.at ?? null,
-    fast === null ? INSERTED_REVISION : FIRST_CLAIM_REVISION,
-  ];
+    claimed_by: fast?.claim.workerId ?? null,
+    lease_ms: fast?.claim.leaseMs ?? null,
+    at: fast?.at ?? null,
+    revision: fast === null ? INSERTED_REVISION : FIRST_CLAIM_REVISION,
+  });
 }
 
-/** The columns of a run's row from `runValues`, as the INSERT's unnest types them. */
-const RUN_COLUMN_TYPES = ['uuid', 'text', 'text', 'text', 'text', 'text', 'uuid', 'bytea', 'text', 'float8', 'float8', 'int8'];
+/** A run's row from `runValues`, as the INSERT's unnest names and types it (row-shape.ts). */
+const RUN_ROW = rowShape([
+  ['id', 'uuid'],
+  ['agent', 'text'],
+  ['status', 'text'],
+  ['audit_level', 'text'],
+  ['answer_level', 'text'],
+  ['provider', 'text'],
+  ['task_id', 'uuid'],
+  ['request', 'bytea'],
+  ['claimed_by', 'text'],
+  ['lease_ms', 'float8'],
+  ['at', 'float8'],
+  ['revision', 'int8'],
+]);
 
 /** How many cells a row from `runValues` has. */
-export const RUN_COLUMNS = RUN_COLUMN_TYPES.length;
+export const RUN_COLUMNS = RUN_ROW.width;
 
 /**
  * The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one:
  * the rows as arrays, so the text is the same for one run or sixty-four. A queued run is created
  * at the transaction's time, a fast one at its `at` (NULL for a queued run).
  */
-export function insertRunsStatement(rows: ReadonlyArray<ReturnType<typeof runValues>>) {
+export function insertRunsStatement(rows: readonly ShapedRow[]) {
   return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
       claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)
     SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, v.request,
       v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
       coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision
-    FROM ${sql.unnest(rows as unknown[][], RUN_COLUMN_TYPES)}
-      AS v(id, agent, status, audit_level, answer_level, provider, task_id, request, claimed_by, lease_ms, at, revision)`;
+    FROM ${RUN_ROW.unnest(rows, 'v')}`;
 }
 
 /** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */
@@ -379,23 +392,34 @@ export type CompletedSettle = {
 
 /** A completion's row for completeRunsStatement. */
 export function settleRow({ runId, workerId, reason, totals, at }: CompletedSettle) {
-  return [
-    runId,
-    workerId,
+  return SETTLE_ROW.row({
+    id: runId,
+    worker: workerId,
     reason,
-    TRUNCATING_REASONS.includes(reason),
-    totals.iterations,
-    totals.toolCalls,
-    totals.inputTokens,
-    totals.outputTokens,
-    at ?? null,
-  ] as const;
+    truncated: TRUNCATING_REASONS.includes(reason),
+    iterations: totals.iterations,
+    tool_calls: totals.toolCalls,
+    input_tokens: totals.inputTokens,
+    output_tokens: totals.outputTokens,
+    at: at ?? null,
+  });
 }
 
-const SETTLE_COLUMN_TYPES = ['uuid', 'text', 'text', 'bool', 'int4', 'int4', 'int8', 'int8', 'float8'];
+/** A completion's settle row, as completeRunsStatement's unnest names and types it (row-shape.ts). */
+const SETTLE_ROW = rowShape([
+  ['id', 'uuid'],
+  ['worker', 'text'],
+  ['reason', 'text'],
+  ['truncated', 'bool'],
+  ['iterations', 'int4'],
+  ['tool_calls', 'int4'],
+  ['input_tokens', 'int8'],
+  ['output_tokens', 'int8'],
+  ['at', 'float8'],
+]);
 
 /** How many cells a settleRow has. */
-export const SETTLE_COLUMNS = SETTLE_COLUMN_TYPES.length;
+export const SETTLE_COLUMNS = SETTLE_ROW.width;
 
 /**
  * The completions of several held runs as one UPDATE (a CTE of the caller's statement, group
@@ -404,13 +428,12 @@ export const SETTLE_COLUMNS = SETTLE_COLUMN_TYPES.length;
  * `onlyRunsOf`, only the runs that CTE of the same statement names (`run_id`): the ones it locked
  * and found as the caller expected (complete-held-runs.ts).
  */
-export function completeRunsStatement(rows: ReadonlyArray<ReturnType<typeof settleRow>>, onlyRunsOf: IdentifierSqlToken | null = null) {
+export function completeRunsStatement(rows: readonly ShapedRow[], onlyRunsOf: IdentifierSqlToken | null = null) {
   return sql.fragment`
     UPDATE runs r SET status = ${to('COMPLETE')}, termination_reason = v.reason, truncated = v.truncated, error_class = NULL, failure_detail = NULL,
       ${SETTLED}, status_changed_at = coalesce(to_timestamp(v.at / 1000.0), r.status_changed_at),
       iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
-    FROM ${sql.unnest(rows as unknown as unknown[][], SETTLE_COLUMN_TYPES)}
-      AS v(id, worker, reason, truncated, iterations, tool_calls, input_tokens, output_tokens, at)
+    FROM ${SETTLE_ROW.unnest(rows, 'v')}
     WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker
       ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`AND r.id IN (SELECT run_id FROM ${onlyRunsOf})`}`;
 }

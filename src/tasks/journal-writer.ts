@@ -1,4 +1,5 @@
 import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { z } from 'zod';
 import type { RunStatus, TerminationReason } from '../../machines/run.machine.js';
 import type { StoredRunOutput } from '../runs/run-output-repository.js';
@@ -220,20 +221,27 @@ export async function writeJournalEvents(
   };
 }
 
-/** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload. */
-export type JournalRow = readonly [string, number, string, number, number, string, string | null, Buffer];
-
-/** The columns of a JournalRow, as the INSERT's unnest types them. */
-const JOURNAL_COLUMN_TYPES = ['uuid', 'int4', 'uuid', 'int8', 'int4', 'text', 'text', 'bytea'];
+/** A journal row as written: task, sequence, run, revision, ordinal, kind, state, sealed payload (row-shape.ts). */
+export const JOURNAL_ROW = rowShape([
+  ['task_id', 'uuid'],
+  ['sequence', 'int4'],
+  ['run_id', 'uuid'],
+  ['run_revision', 'int8'],
+  ['ordinal', 'int4'],
+  ['kind', 'text'],
+  ['state', 'text'],
+  ['payload', 'bytea'],
+]);
+export type JournalRow = ShapedRow;
 
 /** How many cells a JournalRow has. */
-export const JOURNAL_COLUMNS = JOURNAL_COLUMN_TYPES.length;
+export const JOURNAL_COLUMNS = JOURNAL_ROW.width;
 
 /** The INSERT of journal rows (journalRows), for a CTE of the caller's statement: the one way events are stored. With `onlyTasksOf`, only the rows of the tasks that CTE names. */
 export function insertJournalRowsStatement(rows: readonly JournalRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO a2a_events (task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
-      SELECT task_id, sequence, run_id, run_revision, ordinal, kind, state, payload
-      FROM ${sql.unnest(rows as unknown as unknown[][], JOURNAL_COLUMN_TYPES)} AS j(task_id, sequence, run_id, run_revision, ordinal, kind, state, payload)
+      SELECT j.task_id, j.sequence, j.run_id, j.run_revision, j.ordinal, j.kind, j.state, j.payload
+      FROM ${JOURNAL_ROW.unnest(rows, 'j')}
       ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE j.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
@@ -254,7 +262,16 @@ export function journalRows(sealer: Sealer, head: JournalHead, run: CommittedRun
   const lastSequence = head.lastSequence + events.length;
   const rows: JournalRow[] = events.map((event, index) => {
     const sequence = head.lastSequence + index + 1;
-    return [head.taskId, sequence, run.runId, run.revision, index, event.kind, event.state, sealer.sealJson(eventContext(head.taskId, sequence), event.response)] as const;
+    return JOURNAL_ROW.row({
+      task_id: head.taskId,
+      sequence,
+      run_id: run.runId,
+      run_revision: run.revision,
+      ordinal: index,
+      kind: event.kind,
+      state: event.state,
+      payload: sealer.sealJson(eventContext(head.taskId, sequence), event.response),
+    });
   });
   const ends = events.some((event) => event.kind === 'message' || (event.state !== null && endsStream(event.state)));
   const notice = rows.length > 0 ? journalNotice(head.taskId, lastSequence, ends) : null;

@@ -7,6 +7,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import { isoTime, type Artifact, type Message, type Task, type TaskState } from '../protocol/wire.js';
 import { failureMetadata, failureStatusMessage } from './failure-status.js';
 import { countTasks } from './task-counts.js';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { isUuid } from '../db/uuid.js';
 
 // a2a_tasks and contexts: the task view GetTask and ListTasks read. The state column follows the
@@ -75,40 +76,52 @@ export type TaskStart = { at: number; journaled: { revision: number; lastSequenc
 export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | null = null) {
   const history = task.sealedHistory !== undefined ? task.sealedHistory : sealTaskHistory(sealer, task);
   const journaled = start?.journaled ?? null;
-  return [
-    task.id,
-    task.contextId,
-    task.owner,
-    task.agent,
-    start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING',
-    task.answerLevel,
+  return TASK_ROW.row({
+    id: task.id,
+    context_id: task.contextId,
+    owner: task.owner,
+    agent: task.agent,
+    state: start === null ? 'TASK_STATE_SUBMITTED' : 'TASK_STATE_WORKING',
+    answer_level: task.answerLevel,
     history,
-    JSON.stringify(task.metadata),
-    start?.at ?? null,
-    journaled?.revision ?? 0,
-    journaled?.lastSequence ?? 0,
-    journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED',
-  ];
+    metadata: JSON.stringify(task.metadata),
+    at: start?.at ?? null,
+    projected_revision: journaled?.revision ?? 0,
+    last_sequence: journaled?.lastSequence ?? 0,
+    projected_state: journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED',
+  });
 }
 
-/** The columns of a task's row from `taskValues`, as the INSERT's unnest types them. */
-const TASK_COLUMN_TYPES = ['uuid', 'text', 'uuid', 'text', 'text', 'text', 'bytea', 'jsonb', 'float8', 'int8', 'int4', 'text'];
+/** A task's row from `taskValues`, as the INSERT's unnest names and types it (row-shape.ts). */
+const TASK_ROW = rowShape([
+  ['id', 'uuid'],
+  ['context_id', 'text'],
+  ['owner', 'uuid'],
+  ['agent', 'text'],
+  ['state', 'text'],
+  ['answer_level', 'text'],
+  ['history', 'bytea'],
+  ['metadata', 'jsonb'],
+  ['at', 'float8'],
+  ['projected_revision', 'int8'],
+  ['last_sequence', 'int4'],
+  ['projected_state', 'text'],
+]);
 
 /** How many cells a row from `taskValues` has. */
-export const TASK_COLUMNS = TASK_COLUMN_TYPES.length;
+export const TASK_COLUMNS = TASK_ROW.width;
 
 /**
  * The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one:
  * the rows as arrays, one text for any number of tasks. A task is created (and its status stamped)
  * at the transaction's time, or at its fast run's start.
  */
-export function insertTasksStatement(rows: ReadonlyArray<ReturnType<typeof taskValues>>) {
+export function insertTasksStatement(rows: readonly ShapedRow[]) {
   return sql.fragment`INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
       projected_revision, last_sequence, projected_state, created_at)
     SELECT v.id, v.context_id, v.owner, v.agent, v.id, v.state, v.answer_level, v.history, v.metadata,
       coalesce(to_timestamp(v.at / 1000.0), now()), v.projected_revision, v.last_sequence, v.projected_state, coalesce(to_timestamp(v.at / 1000.0), now())
-    FROM ${sql.unnest(rows as unknown[][], TASK_COLUMN_TYPES)}
-      AS v(id, context_id, owner, agent, state, answer_level, history, metadata, at, projected_revision, last_sequence, projected_state)`;
+    FROM ${TASK_ROW.unnest(rows, 'v')}`;
 }
 
 /** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
@@ -338,24 +351,36 @@ export type CompletedTaskResult = {
 
 /** A completion's result as a row for writeTaskResultsStatement. */
 export function taskResultRow({ taskId, stored, directMessage, answerLevel, revision, lastSequence, at }: CompletedTaskResult) {
-  return [
-    taskId,
-    stored.sealed.artifacts,
-    stored.sealed.statusMessage,
-    stored.historyChanged,
-    stored.historyChanged ? stored.sealed.history : null,
-    directMessage,
-    answerLevel,
+  return TASK_RESULT_ROW.row({
+    id: taskId,
+    artifacts: stored.sealed.artifacts,
+    status_message: stored.sealed.statusMessage,
+    history_changed: stored.historyChanged,
+    history: stored.historyChanged ? stored.sealed.history : null,
+    direct_message: directMessage,
+    answer_level: answerLevel,
     revision,
-    lastSequence,
-    at ?? null,
-  ] as const;
+    last_sequence: lastSequence,
+    at: at ?? null,
+  });
 }
 
-const TASK_RESULT_COLUMN_TYPES = ['uuid', 'bytea', 'bytea', 'bool', 'bytea', 'bool', 'text', 'int8', 'int4', 'float8'];
+/** A completion's result row, as writeTaskResultsStatement's unnest names and types it (row-shape.ts). */
+const TASK_RESULT_ROW = rowShape([
+  ['id', 'uuid'],
+  ['artifacts', 'bytea'],
+  ['status_message', 'bytea'],
+  ['history_changed', 'bool'],
+  ['history', 'bytea'],
+  ['direct_message', 'bool'],
+  ['answer_level', 'text'],
+  ['revision', 'int8'],
+  ['last_sequence', 'int4'],
+  ['at', 'float8'],
+]);
 
 /** How many cells a taskResultRow has. */
-export const TASK_RESULT_COLUMNS = TASK_RESULT_COLUMN_TYPES.length;
+export const TASK_RESULT_COLUMNS = TASK_RESULT_ROW.width;
 
 /**
  * The results of completions as one UPDATE for a CTE of the caller's statement (group commit):
@@ -369,15 +394,14 @@ export const TASK_RESULT_COLUMNS = TASK_RESULT_COLUMN_TYPES.length;
  * statement or fails it. The move is counted by the row trigger that counts a state written
  * directly (sql/0016), one delta row per task.
  */
-export function writeTaskResultsStatement(rows: ReadonlyArray<ReturnType<typeof taskResultRow>>, onlyTasksOf: IdentifierSqlToken | null = null) {
+export function writeTaskResultsStatement(rows: readonly ShapedRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`
     UPDATE a2a_tasks t SET artifacts = v.artifacts, status_message = v.status_message,
       history = CASE WHEN v.history_changed THEN v.history ELSE t.history END,
       direct_message = v.direct_message, answer_level = v.answer_level,
       projected_revision = v.revision, last_sequence = v.last_sequence, projected_state = 'TASK_STATE_COMPLETED',
       state = 'TASK_STATE_COMPLETED', status_timestamp = coalesce(to_timestamp(v.at / 1000.0), now()), updated_at = now()
-    FROM ${sql.unnest(rows as unknown as unknown[][], TASK_RESULT_COLUMN_TYPES)}
-      AS v(id, artifacts, status_message, history_changed, history, direct_message, answer_level, revision, last_sequence, at)
+    FROM ${TASK_RESULT_ROW.unnest(rows, 'v')}
     WHERE t.id = v.id ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`AND t.id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 

@@ -1,6 +1,7 @@
 import { sql, type CommonQueryMethods, type FragmentSqlToken } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import { SameTextStatement } from '../db/same-text-statement.js';
 import { AUDIT_COLUMNS, auditRowsOf, insertAuditRowsStatement, type AuditRow, type SerializedRow } from '../runs/audit-trail.js';
@@ -157,21 +158,21 @@ export async function writeHeldItems(pool: CommonQueryMethods, inputs: readonly 
   return heldCompletionResults(inputs, items, rows);
 }
 
-/** What each held run is expected to be: run, task, owner, revision, level, journal watermark, sealed history. */
-type ExpectedRow = readonly [
-  runId: string,
-  taskId: string,
-  worker: string,
-  revision: number,
-  level: string,
-  lastSequence: number,
-  projectedRevision: number,
-  projectedState: string,
-  history: Buffer | null,
-];
+/** What each held run is expected to be: run, task, owner, revision, level, journal watermark, sealed history (row-shape.ts). */
+const EXPECTED_ROW = rowShape([
+  ['run_id', 'uuid'],
+  ['task_id', 'uuid'],
+  ['worker', 'text'],
+  ['revision', 'int8'],
+  ['level', 'text'],
+  ['last_sequence', 'int4'],
+  ['projected_revision', 'int8'],
+  ['projected_state', 'text'],
+  ['history', 'bytea'],
+]);
 
 export type HeldCompletionRows = [
-  expected: readonly ExpectedRow[],
+  expected: readonly ShapedRow[],
   audit: readonly AuditRow[],
   results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
   settles: ReadonlyArray<ReturnType<typeof settleRow>>,
@@ -200,8 +201,7 @@ export function heldCompletionCtes([expected, audit, results, settles, journal, 
   const streamed = sql.identifier(['streamed']);
   return sql.fragment`held AS MATERIALIZED (
       SELECT r.id AS run_id, t.id AS task_id, t.watched
-      FROM ${sql.unnest(expected as unknown as unknown[][], ['uuid', 'uuid', 'text', 'int8', 'text', 'int4', 'int8', 'text', 'bytea'])}
-        AS e(run_id, task_id, worker, revision, level, last_sequence, projected_revision, projected_state, history)
+      FROM ${EXPECTED_ROW.unnest(expected, 'e')}
       JOIN runs r ON r.id = e.run_id
       JOIN a2a_tasks t ON t.id = e.task_id AND t.id = r.task_id
       WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.revision = e.revision AND r.answer_level = e.level
@@ -224,7 +224,7 @@ export function heldCompletionCtes([expected, audit, results, settles, journal, 
 }
 
 /** The cells of a row of each of the held completions' sets (same-text-statement.ts). */
-export const HELD_COMPLETION_SHAPES = [9, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list'] as const;
+export const HELD_COMPLETION_SHAPES = [EXPECTED_ROW.width, AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list'] as const;
 
 /**
  * The held completions' outcome: the held count (or the statement fails, when a write fell short
@@ -247,17 +247,19 @@ export const heldCompletionStatement = new SameTextStatement(
 /** The held completions' rows, in the statement's sets. */
 export function heldCompletionRows(items: readonly HeldItem[]): HeldCompletionRows {
   return [
-    items.map(({ input }) => [
-      input.runId,
-      input.taskId!,
-      input.workerId,
-      input.held.runRevision,
-      input.held.answerLevel,
-      input.held.lastSequence,
-      input.held.projectedRevision,
-      input.held.projectedState,
-      input.held.task.history,
-    ] as const),
+    items.map(({ input }) =>
+      EXPECTED_ROW.row({
+        run_id: input.runId,
+        task_id: input.taskId!,
+        worker: input.workerId,
+        revision: input.held.runRevision,
+        level: input.held.answerLevel,
+        last_sequence: input.held.lastSequence,
+        projected_revision: input.held.projectedRevision,
+        projected_state: input.held.projectedState,
+        history: input.held.task.history,
+      }),
+    ),
     items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
     items.map(({ input, stored, directMessage, revision, journal, at }) =>
       taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence, at }),

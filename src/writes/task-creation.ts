@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { Sealer } from '../sealing/sealer.js';
 import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
 import { PREPARED } from '../db/prepared-statements.js';
+import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { SameTextStatement } from '../db/same-text-statement.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION } from '../runs/run-row.js';
 import { insertRunsStatement, RUN_COLUMNS, runValues, type CreateRunInput, type FastStart } from '../runs/run-repository.js';
@@ -102,15 +103,16 @@ export async function journalFastStart(
 
 const created = z.object({ tasks: z.number(), events: z.number() });
 
-export type CreationRows = [
-  contexts: ReadonlyArray<readonly [owner: string, id: string]>,
-  runs: ReadonlyArray<ReturnType<typeof runValues>>,
-  tasks: ReadonlyArray<ReturnType<typeof taskValues>>,
-  events: readonly JournalRow[],
-];
+/** A new context's row (row-shape.ts). */
+const CONTEXT_ROW = rowShape([
+  ['owner', 'uuid'],
+  ['id', 'text'],
+]);
+
+export type CreationRows = [contexts: readonly ShapedRow[], runs: readonly ShapedRow[], tasks: readonly ShapedRow[], events: readonly JournalRow[]];
 
 /** The cells of a row of each of the creations' sets (same-text-statement.ts). */
-export const CREATION_SHAPES = [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS] as const;
+export const CREATION_SHAPES = [CONTEXT_ROW.width, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS] as const;
 
 /**
  * The creations' CTEs: contexts, runs, tasks and events as multi-row inserts. Foreign keys are
@@ -119,7 +121,7 @@ export const CREATION_SHAPES = [2, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS] a
 export function creationCtes([contexts, runs, tasks, events]: CreationRows): FragmentSqlToken {
   return sql.fragment`new_contexts AS (
       INSERT INTO contexts (owner, id)
-      SELECT c.owner, c.id FROM ${sql.unnest(contexts as unknown as unknown[][], ['uuid', 'text'])} AS c(owner, id)
+      SELECT c.owner, c.id FROM ${CONTEXT_ROW.unnest(contexts, 'c')}
       RETURNING id),
     new_runs AS (${insertRunsStatement(runs)} RETURNING id),
     new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
@@ -155,7 +157,7 @@ export function creationRows(sealer: Sealer, creations: readonly TaskCreation[])
       journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]).rows,
   );
   return [
-    creations.map(({ task }) => [task.owner, task.contextId] as const),
+    creations.map(({ task }) => CONTEXT_ROW.row({ owner: task.owner, id: task.contextId })),
     creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
     creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
     events,

@@ -59,7 +59,11 @@ describe('a push config created while a fast run completes', () => {
       // Taken while the run is still working (its provider takes 2.5 s), or the test proves nothing.
       expect(locked.rows[0]?.state).toBe('TASK_STATE_WORKING');
       // The run ends after its delay; its completion then waits for the task row.
-      await waitFor(async () => (await waitingForTaskRow(holder)) > 0, 'the completion to wait for the task row', 15_000);
+      await waitFor(async () => (await waitingForTaskRow(holder)) > 0, 'the completion to wait for the task row', 15_000).catch(async (error: unknown) => {
+        const activity = await holder.query(`SELECT wait_event_type, wait_event, state, left(query, 120) AS query FROM pg_stat_activity WHERE datname = current_database()`);
+        const run = await holder.query('SELECT status, claimed_by, revision FROM runs WHERE id = $1', [taskId]);
+        throw new Error(`${String(error)}; run ${JSON.stringify(run.rows)}; activity ${JSON.stringify(activity.rows)}`);
+      });
       await createPushConfigRpc(keel.url, token, 'slow', taskId, { id: 'late', url: receiver.url });
       await holder.query('COMMIT');
     } finally {
