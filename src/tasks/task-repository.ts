@@ -1,4 +1,4 @@
-import { sql, type CommonQueryMethods, type FragmentSqlToken, type IdentifierSqlToken } from 'slonik';
+import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import type { TerminationReason } from '../../machines/run.machine.js';
 import { applyLevel } from '../privacy/apply-level.js';
@@ -283,31 +283,6 @@ export type StoredTaskResult = {
   statusMessage: Message | null;
   sealed: { artifacts: Buffer | null; statusMessage: Buffer | null; history: Buffer | null };
 };
-
-/** Writes the result with the completion (the caller holds the run-row lock and has reread the level). */
-export async function writeTaskResult(
-  db: CommonQueryMethods,
-  sealer: Sealer,
-  taskId: string,
-  level: PrivacyLevel,
-  result: TaskResult,
-  /** The task's sealed history as read under the lock the caller holds. */
-  sealedHistory: Buffer | null,
-  /** A data-modifying statement (an INSERT) to run in the same statement, as a CTE. */
-  alongside: FragmentSqlToken | null = null,
-): Promise<StoredTaskResult> {
-  const stored = prepareTaskResult(sealer, taskId, level, result, sealedHistory);
-  const { sealed } = stored;
-  await db.query(sql.unsafe`
-    ${alongside === null ? sql.fragment`` : sql.fragment`WITH alongside AS (${alongside})`}
-    UPDATE a2a_tasks SET
-      artifacts = ${sealed.artifacts === null ? null : sql.binary(sealed.artifacts)},
-      status_message = ${sealed.statusMessage === null ? null : sql.binary(sealed.statusMessage)},
-      ${stored.historyChanged ? sql.fragment`history = ${sealed.history === null ? null : sql.binary(sealed.history)},` : sql.fragment``}
-      direct_message = ${result.directMessage}, answer_level = ${level}, updated_at = now()
-    WHERE id = ${taskId}`);
-  return stored;
-}
 
 /**
  * The result as the task row will store it, sealed at the level, without writing it: the content

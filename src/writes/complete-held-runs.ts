@@ -4,13 +4,14 @@ import { PREPARED } from '../db/prepared-statements.js';
 import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import { SameTextStatement } from '../db/same-text-statement.js';
-import { AUDIT_COLUMNS, auditRowsOf, insertAuditRowsStatement, type AuditRow, type SerializedRow } from '../runs/audit-trail.js';
-import { completeRunsStatement, SETTLE_COLUMNS, settleRow } from '../runs/run-repository.js';
+import { AUDIT_COLUMNS, insertAuditRowsStatement, type AuditRow } from '../runs/audit-trail.js';
+import { completeRunsStatement, SETTLE_COLUMNS } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { answerResult, journaledTaskRow, type CompletionInput, type CompletionResult, type HeldRows, type SettledRun } from './complete-run.js';
-import { insertJournalRowsStatement, JOURNAL_COLUMNS, journalEventsSince, journalRows, notifyAllStatement, type JournalRow } from '../tasks/journal-writer.js';
-import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from '../tasks/task-repository.js';
+import type { CompletionInput, CompletionResult, HeldRows, SettledRun } from './complete-run.js';
+import { completionRecord, journaledEndOf, type CompletionRecord } from './completion-record.js';
+import { insertJournalRowsStatement, JOURNAL_COLUMNS, notifyAllStatement, type JournalRow } from '../tasks/journal-writer.js';
+import { TASK_RESULT_COLUMNS, writeTaskResultsStatement } from '../tasks/task-repository.js';
 
 // The completion of runs whose rows this process knows without reading them (decision 0029): a
 // fast run's run and task as its insert left them. One statement, committed on its own (or with
@@ -53,19 +54,14 @@ export type HeldItem = {
   /** The completion's place among the inputs. */
   index: number;
   input: HeldCompletion;
-  audit: SerializedRow[];
-  at: number;
-  revision: number;
-  stored: ReturnType<typeof prepareTaskResult>;
-  directMessage: boolean;
-  journal: ReturnType<typeof journalRows>;
-  eventCount: number;
+  record: CompletionRecord;
 };
 
 /**
- * Each held completion as the statement writes it: its audit rows taken, its result sealed, its
- * journal events built. A completion whose audit rows could be refused is left out (the
- * transaction writes it: nothing was taken).
+ * Each held completion's record (completion-record.ts): its audit rows taken, its result sealed,
+ * its journal events built, stamped with this process's clock after the run's start (both its own
+ * stamps). A completion whose audit rows could be refused is left out (the transaction writes it:
+ * nothing was taken).
  */
 export function prepareHeldCompletions(sealer: Sealer, inputs: readonly HeldCompletion[]): HeldItem[] {
   const items: HeldItem[] = [];
@@ -73,26 +69,8 @@ export function prepareHeldCompletions(sealer: Sealer, inputs: readonly HeldComp
     const audit = input.takeAuditRows!();
     // A row Postgres could refuse needs a savepoint: the transaction writes it (nothing was taken).
     if (audit === null) continue;
-    const { held } = input;
-    const taskId = input.taskId!;
-    // The status time: this process's clock, after the run's start (both its own stamps).
-    const at = Math.max(Date.now(), held.startedAt + 1);
-    const revision = held.runRevision + 1;
-    const { artifacts, statusMessage, directMessage } = answerResult(taskId, held.task.contextId, input, []);
-    const stored = prepareTaskResult(sealer, taskId, held.answerLevel, { artifacts, statusMessage, directMessage }, held.task.history);
-    const head = {
-      taskId,
-      contextId: held.task.contextId,
-      projectedRevision: held.projectedRevision,
-      lastSequence: held.lastSequence,
-      projectedState: held.projectedState,
-      directMessage,
-      statusMessage: () => stored.statusMessage,
-      artifacts: () => stored.artifacts,
-    };
-    const run = { runId: input.runId, status: 'completed' as const, revision, startedAt: held.startedAt, statusChangedAt: at, terminationReason: input.reason, failureDetail: null };
-    const events = journalEventsSince(head, run, []);
-    items.push({ index, input, audit, at, revision, stored, directMessage, journal: journalRows(sealer, head, run, events), eventCount: events.length });
+    const at = Math.max(Date.now(), input.held.startedAt + 1);
+    items.push({ index, input, record: completionRecord(sealer, input, input.held, at, [], audit) });
   }
   return items;
 }
@@ -113,29 +91,15 @@ export function heldCompletionResults(
     if (id !== null && status !== null) written.set(id, { id, task_id, status, termination_reason, failure_detail });
   }
   const results: Array<CompletionResult | null> = inputs.map(() => null);
-  for (const item of items) {
-    const { input } = item;
+  for (const { index, input, record } of items) {
     const settled = written.get(input.runId);
     if (!settled) {
       // Its rows had changed: nothing of it was written, so what it took is given back.
       input.rolledBack?.();
       continue;
     }
-    const taskId = input.taskId!;
-    const notice = item.journal.notice === null ? null : { taskId, lastSequence: item.journal.lastSequence, ends: item.journal.ends };
-    const write = {
-      events: item.eventCount,
-      revision: item.revision,
-      deliveryIds: [],
-      notice,
-      state: 'TASK_STATE_COMPLETED' as const,
-      statusTimestamp: item.at,
-      lastSequence: item.journal.lastSequence,
-    };
-    const { task } = input.held;
-    const row = { context_id: task.contextId, owner: task.owner, agent: task.agent, metadata: task.metadata, task_created_at: task.createdAt };
-    const content = { sealed: item.stored.sealed, answerLevel: input.held.answerLevel, directMessage: item.directMessage };
-    results[item.index] = { settled: true, run: settled, journaled: { write, task: journaledTaskRow(row, settled, write, content) } };
+    // A held task has no push config (the statement checks it): no deliveries.
+    results[index] = { settled: true, run: settled, journaled: journaledEndOf(record, settled, []) };
   }
   return results;
 }
@@ -174,8 +138,8 @@ const EXPECTED_ROW = rowShape([
 export type HeldCompletionRows = [
   expected: readonly ShapedRow[],
   audit: readonly AuditRow[],
-  results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
-  settles: ReadonlyArray<ReturnType<typeof settleRow>>,
+  results: readonly ShapedRow[],
+  settles: readonly ShapedRow[],
   journal: readonly JournalRow[],
   notices: readonly string[],
 ];
@@ -260,12 +224,10 @@ export function heldCompletionRows(items: readonly HeldItem[]): HeldCompletionRo
         history: input.held.task.history,
       }),
     ),
-    items.flatMap(({ input, audit }) => auditRowsOf(input.runId, audit)),
-    items.map(({ input, stored, directMessage, revision, journal, at }) =>
-      taskResultRow({ taskId: input.taskId!, stored, directMessage, answerLevel: input.held.answerLevel, revision, lastSequence: journal.lastSequence, at }),
-    ),
-    items.map(({ input, at }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at })),
-    items.flatMap((item) => item.journal.rows),
-    items.flatMap(({ journal }) => (journal.notice === null ? [] : [journal.notice])),
+    items.flatMap(({ record }) => record.audit),
+    items.map(({ record }) => record.result),
+    items.map(({ record }) => record.settle),
+    items.flatMap(({ record }) => record.journal.rows),
+    items.flatMap(({ record }) => (record.journal.notice === null ? [] : [record.journal.notice])),
   ];
 }

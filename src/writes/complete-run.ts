@@ -3,30 +3,24 @@ import { z } from 'zod';
 import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { KeelLogger } from '../log/logger.js';
-import { auditRowsOf, insertAuditRowsStatement, type SerializedRow } from '../runs/audit-trail.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { mergeArtifacts } from '../tasks/merge-artifacts.js';
 import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type JournalWrite, type ProjectionOptions } from '../tasks/journal-writer.js';
-import { openSealed, scrubTaskContent, writeTaskResult, type TaskRow } from '../tasks/task-repository.js';
+import { openSealed, scrubTaskContent, type TaskRow } from '../tasks/task-repository.js';
 import type { Artifact, Message, TaskState } from '../protocol/wire.js';
+import type { SerializedRow } from '../runs/audit-trail.js';
 import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type NewRunOutput, type StoredRunOutput } from '../runs/run-output-repository.js';
 import type { RunRow } from '../runs/run-row.js';
 import { settleRun, type RunTotals, type SettleResult } from '../runs/run-repository.js';
+import { journaledTaskRow, journalHeadOf, type KnownRows } from './completion-record.js';
+import { completeRunsTogether } from './complete-runs-together.js';
 
-/** What the completion of a held run expects its run and task rows to be (a fast run: as its insert wrote them; complete-held-runs.ts). */
-export type HeldRows = {
-  /** The run's revision as this process last wrote it. */
-  runRevision: number;
-  answerLevel: PrivacyLevel;
-  startedAt: number;
-  /** The journal's head: its watermark, last sequence and state. */
-  projectedRevision: number;
-  lastSequence: number;
-  projectedState: TaskState;
-  task: { contextId: string; owner: string; agent: string; metadata: Record<string, unknown>; history: Buffer | null; createdAt: number };
-};
+/**
+ * What the completion of a held run expects its run and task rows to be (a fast run: as its
+ * insert wrote them; complete-held-runs.ts): the rows its completion record is built from.
+ */
+export type HeldRows = KnownRows & { startedAt: number };
 
 export type CompletionInput = {
   runId: string;
@@ -89,6 +83,7 @@ const lockedRun = z.object({
   answer_level: z.string(),
   revision: z.number(),
   task_id: z.string().nullable(),
+  started_at: z.number().nullable(),
   // Whether the run stored artifacts (read only when the caller says it may have).
   has_outputs: z.boolean(),
 });
@@ -107,7 +102,7 @@ const lockedTask = z.object({
   last_sequence: z.number(),
   projected_state: z.string(),
 });
-export type LockedTask = z.infer<typeof lockedTask>;
+type LockedTask = z.infer<typeof lockedTask>;
 type Locked = { run: z.infer<typeof lockedRun>; task: LockedTask | null };
 
 /**
@@ -119,70 +114,22 @@ async function lockRunAndTask(transaction: CommonQueryMethods, runId: string, ta
   const outputs = hasOutputs ? sql.fragment`EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind IN ('artifact', 'status'))` : sql.fragment`false`;
   if (taskId === null) {
     const run = await transaction.maybeOne(sql.type(lockedRun)`
-      SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, ${outputs} AS has_outputs
+      SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs
       FROM runs r WHERE r.id = ${runId} FOR UPDATE`);
     return run && { run, task: null };
   }
   const row = await transaction.maybeOne(sql.type(lockedRun.merge(lockedTask))`
-    SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, ${outputs} AS has_outputs,
+    SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs,
       t.context_id, t.owner, t.agent, t.answer_level AS task_answer_level, t.metadata, t.created_at AS task_created_at,
       t.status_message, t.artifacts, t.history, t.direct_message, t.projected_revision, t.last_sequence, t.projected_state
     FROM runs r JOIN a2a_tasks t ON t.id = r.task_id
     WHERE r.id = ${runId} FOR UPDATE OF r, t`);
   if (!row) return null;
-  const { status, claimed_by, answer_level, revision, task_id, has_outputs, ...task } = row;
-  return { run: { status, claimed_by, answer_level, revision, task_id, has_outputs }, task };
+  const { status, claimed_by, answer_level, revision, task_id, started_at, has_outputs, ...task } = row;
+  return { run: { status, claimed_by, answer_level, revision, task_id, started_at, has_outputs }, task };
 }
 
-/**
- * The task's result for the agent's answer: the run's merged artifacts, then the answer as an
- * artifact of its own, or as the status message (a direct Message when presented as one).
- */
-export function answerResult(
-  taskId: string,
-  contextId: string,
-  input: Pick<CompletionInput, 'answer' | 'presentation'>,
-  merged: Artifact[],
-): { artifacts: Artifact[]; statusMessage: Message | null; directMessage: boolean } {
-  const presentation = input.presentation ?? 'artifact';
-  const artifacts = [...merged];
-  if (presentation === 'artifact' && input.answer !== null) artifacts.push({ artifactId: `${taskId}-answer`, name: 'answer', parts: [{ text: input.answer }] });
-  const statusMessage: Message | null =
-    presentation !== 'artifact' && input.answer !== null ? { messageId: `${taskId}-answer`, role: 'ROLE_AGENT', parts: [{ text: input.answer }], contextId, taskId } : null;
-  return { artifacts, statusMessage, directMessage: presentation === 'direct_message' };
-}
-
-/** The task row a journaled end leaves, built from what its transaction wrote (the blocking answer's source). */
-export function journaledTaskRow(
-  task: Pick<LockedTask, 'context_id' | 'owner' | 'agent' | 'metadata' | 'task_created_at'>,
-  settled: Pick<RunRow, 'id' | 'task_id' | 'termination_reason' | 'failure_detail'>,
-  write: Pick<JournalWrite, 'state' | 'statusTimestamp' | 'revision' | 'lastSequence'>,
-  content: { sealed: EndContent['sealed']; answerLevel: string; directMessage: boolean },
-): TaskRow {
-  return {
-    id: settled.task_id!,
-    context_id: task.context_id,
-    owner: task.owner,
-    agent: task.agent,
-    run_id: settled.id,
-    state: write.state,
-    status_timestamp: write.statusTimestamp,
-    status_message: content.sealed.statusMessage,
-    artifacts: content.sealed.artifacts,
-    history: content.sealed.history,
-    answer_level: content.answerLevel,
-    metadata: task.metadata,
-    projected_revision: write.revision,
-    last_sequence: write.lastSequence,
-    projected_state: write.state,
-    direct_message: content.directMessage,
-    created_at: task.task_created_at,
-    termination_reason: settled.termination_reason,
-    failure_detail: settled.failure_detail,
-  };
-}
-
-/** The task's content after the settle: opened for the journal's events, sealed as the row holds it. */
+/** The task's content after a failure's settle: opened for the journal's events, sealed as the row holds it. */
 type EndContent = {
   statusMessage: () => Message | null;
   artifacts: () => Artifact[];
@@ -192,10 +139,12 @@ type EndContent = {
 };
 
 /**
- * Journals the run's end in the transaction that settled it (docs/decisions/0022-completion-writes-the-journal.md):
- * the events from the task's watermark up to the settled revision, built and written by the code
- * the projector uses (journal-writer.ts), so a later projection of this revision finds it journaled
- * and writes nothing, and an event journaled by either names the same delivery.
+ * Journals a failed run's end in the transaction that settled it
+ * (docs/decisions/0022-completion-writes-the-journal.md): the events from the task's watermark up
+ * to the settled revision, built and written by the code the projector uses (journal-writer.ts),
+ * so a later projection of this revision finds it journaled and writes nothing, and an event
+ * journaled by either names the same delivery. A completion's own journal is its record's
+ * (completion-record.ts).
  */
 async function journalEnd(
   transaction: CommonQueryMethods,
@@ -207,16 +156,13 @@ async function journalEnd(
   options: ProjectionOptions,
 ): Promise<JournaledEnd> {
   const taskId = settled.task_id!;
-  const head = {
-    taskId,
-    contextId: task.context_id,
+  const known = {
     projectedRevision: task.projected_revision,
     lastSequence: task.last_sequence,
     projectedState: task.projected_state as TaskState,
-    directMessage: content.directMessage,
-    statusMessage: content.statusMessage,
-    artifacts: content.artifacts,
+    task: { contextId: task.context_id, owner: task.owner, agent: task.agent, metadata: task.metadata, createdAt: task.task_created_at },
   };
+  const head = journalHeadOf(taskId, known, content);
   const run = {
     runId: settled.id,
     status: settled.status,
@@ -227,7 +173,7 @@ async function journalEnd(
     failureDetail: settled.failure_detail,
   };
   const write = await writeJournalEvents(transaction, sealer, head, run, journalEventsSince(head, run, outputs), options);
-  return { write, task: journaledTaskRow(task, settled, write, content) };
+  return { write, task: journaledTaskRow(known.task, settled, write, content) };
 }
 
 /** The task's content as the locked row holds it (a settle that writes no result leaves it as it is). */
@@ -240,23 +186,26 @@ const storedContent = (sealer: Sealer, taskId: string, task: LockedTask): EndCon
 });
 
 /**
- * Completion is one transaction (docs/architecture.md, "The life of a request", the last transaction):
- * under the run-row lock, reread the answer ceiling, write the sealed result (to the task row for
- * an A2A task, else to run_outputs), and move run and task to COMPLETED together. A ceiling that no
- * longer lets the result be kept fails the run instead (`result_not_retainable`) with nothing
- * stored. If the result cannot be written the transaction rolls back and the caller fails the run:
- * a COMPLETED task always has its result. The same transaction journals the run's end (its events
- * and push deliveries, at the settled revision) and NOTIFYs, committing synchronously.
+ * Completion is one transaction (docs/architecture.md, "The write path"): under the run-row lock,
+ * reread the answer ceiling, write the sealed result (to the task row for an A2A task, else to
+ * run_outputs), and move run and task to COMPLETED together. A ceiling that no longer lets the
+ * result be kept fails the run instead (`result_not_retainable`) with nothing stored. If the result
+ * cannot be written the transaction rolls back and the caller fails the run: a COMPLETED task
+ * always has its result. The same transaction journals the run's end (its events and push
+ * deliveries, at the settled revision) and NOTIFYs, committing synchronously. A completion alone is
+ * a batch of one (complete-runs-together.ts): the same record, the same statements.
  */
 export async function completeRun(pool: DatabasePool, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<CompletionResult> {
-  return pool.transaction((transaction) => completeRunWithin(transaction, sealer, logger, input));
+  return pool.transaction(async (transaction) => (await completeRunsTogether(transaction, sealer, logger, [input]))[0]!);
 }
 
 /**
- * The completion's writes in the caller's transaction: its own (completeRun), or one shared with
- * the completions of other runs ready at the same moment (group commit, completion-batch.ts).
+ * A completion the batch's statement does not write, in the caller's transaction: a run this
+ * worker no longer holds (the settle refuses it), a run without a task (its answer goes to
+ * run_outputs), or a ceiling that keeps no result (the run fails, nothing stored, the failure
+ * journaled).
  */
-export async function completeRunWithin(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<CompletionResult> {
+export async function completeRunAlone(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, input: CompletionInput): Promise<CompletionResult> {
   const options = input.projection ?? DEFAULT_PROJECTION_OPTIONS;
   const locked = await lockRunAndTask(transaction, input.runId, input.taskId, input.hasOutputs);
   const settle = async (): Promise<CompletionResult> => ({
@@ -266,12 +215,9 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
   if (!locked || locked.run.status !== 'running' || locked.run.claimed_by !== input.workerId) return settle();
   const { run, task } = locked;
   const level = run.answer_level as PrivacyLevel;
-  // A result written to the task row carries the audit rows in the same statement.
-  const auditRows = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditRows?.() ?? null) : null;
-  const auditInsert = auditRows && auditRows.length > 0 ? insertAuditRowsStatement(auditRowsOf(input.runId, auditRows)) : null;
-  await input.beforeSettle?.(transaction);
 
   if (run.task_id === null || task === null) {
+    await input.beforeSettle?.(transaction);
     if (input.answer !== null) {
       await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, [
         { kind: 'answer', artifactId: 'answer', append: false, lastChunk: true, content: { artifactId: 'answer', name: 'answer', parts: [{ text: input.answer }] } },
@@ -279,44 +225,31 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
     }
     return settle();
   }
-
-  if (!answerIsRetainable(level)) {
-    await deleteRunOutputs(transaction, input.runId);
-    await scrubTaskContent(transaction, run.task_id);
-    const failed = await settleRun(transaction, logger, input.runId, {
-      status: 'failed',
-      reason: 'result_not_retainable',
-      workerId: input.workerId,
-      totals: input.totals,
-      failureDetail: { answerLevel: level },
-    });
-    if (!failed.settled) return { ...failed, journaled: null };
-    // Nothing of the content is left to journal: no outputs, no status message, no artifacts.
-    const scrubbed: EndContent = {
-      statusMessage: () => null,
-      artifacts: () => [],
-      sealed: { statusMessage: null, artifacts: null, history: null },
-      directMessage: task.direct_message,
-      answerLevel: task.task_answer_level,
-    };
-    return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
+  if (answerIsRetainable(level)) {
+    // A held run serving a task whose result may be kept is always the batch's (complete-runs-together.ts).
+    throw new Error(`completion of run ${input.runId}: it serves task ${run.task_id}, not ${input.taskId ?? 'none'}`);
   }
 
-  const resultOutputs = input.resultOutputs ?? [];
-  if (resultOutputs.length > 0) await appendRunOutputs(transaction, sealer, input.runId, run.revision + 1, level, resultOutputs);
-  const outputs = run.has_outputs || resultOutputs.length > 0 ? await listRunOutputs(transaction, sealer, input.runId) : [];
-  const { artifacts, statusMessage, directMessage } = answerResult(run.task_id, task.context_id, input, mergeArtifacts(outputs));
-  const stored = await writeTaskResult(transaction, sealer, run.task_id, level, { artifacts, statusMessage, directMessage }, task.history, auditInsert);
-  const completed = await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals });
-  if (!completed.settled) return { ...completed, journaled: null };
-  const content: EndContent = {
-    statusMessage: () => stored.statusMessage,
-    artifacts: () => stored.artifacts,
-    sealed: stored.sealed,
-    directMessage,
-    answerLevel: level,
+  await input.beforeSettle?.(transaction);
+  await deleteRunOutputs(transaction, input.runId);
+  await scrubTaskContent(transaction, run.task_id);
+  const failed = await settleRun(transaction, logger, input.runId, {
+    status: 'failed',
+    reason: 'result_not_retainable',
+    workerId: input.workerId,
+    totals: input.totals,
+    failureDetail: { answerLevel: level },
+  });
+  if (!failed.settled) return { ...failed, journaled: null };
+  // Nothing of the content is left to journal: no outputs, no status message, no artifacts.
+  const scrubbed: EndContent = {
+    statusMessage: () => null,
+    artifacts: () => [],
+    sealed: { statusMessage: null, artifacts: null, history: null },
+    directMessage: task.direct_message,
+    answerLevel: task.task_answer_level,
   };
-  return { ...completed, journaled: await journalEnd(transaction, sealer, task, completed.run, content, outputs, options) };
+  return { ...failed, journaled: await journalEnd(transaction, sealer, task, failed.run, scrubbed, [], options) };
 }
 
 export type FailureInput = {

@@ -1,37 +1,32 @@
 import { sql, type CommonQueryMethods } from 'slonik';
 import { z } from 'zod';
 import { PREPARED } from '../db/prepared-statements.js';
+import type { ShapedRow } from '../db/row-shape.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { TaskState } from '../protocol/wire.js';
 import { SameTextStatement } from '../db/same-text-statement.js';
-import { completeRunsStatement, SETTLE_COLUMNS, settleRow } from '../runs/run-repository.js';
-import { AUDIT_COLUMNS, auditRowsOf, insertAuditRowsStatement, type AuditRow, type SerializedRow } from '../runs/audit-trail.js';
+import { completeRunsStatement, SETTLE_COLUMNS } from '../runs/run-repository.js';
+import { AUDIT_COLUMNS, insertAuditRowsStatement, type AuditRow } from '../runs/audit-trail.js';
+import { appendRunOutputs, listRunOutputs, type StoredRunOutput } from '../runs/run-output-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { answerResult, completeRunWithin, journaledTaskRow, type CompletionInput, type CompletionResult } from './complete-run.js';
-import {
-  DEFAULT_PROJECTION_OPTIONS,
-  insertJournalRowsStatement,
-  JOURNAL_COLUMNS,
-  journalEventsSince,
-  journalRows,
-  notifyAllStatement,
-  recordEventDeliveries,
-  type JournalRow,
-} from '../tasks/journal-writer.js';
-import { prepareTaskResult, TASK_RESULT_COLUMNS, taskResultRow, writeTaskResultsStatement } from '../tasks/task-repository.js';
+import { completeRunAlone, type CompletionInput, type CompletionResult } from './complete-run.js';
+import { completionRecord, journaledEndOf, type CompletionRecord, type KnownRows } from './completion-record.js';
+import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, JOURNAL_COLUMNS, notifyAllStatement, recordEventDeliveries, type JournalRow } from '../tasks/journal-writer.js';
+import { TASK_RESULT_COLUMNS, writeTaskResultsStatement } from '../tasks/task-repository.js';
 
-// The completions of runs that end together, written by one statement in one transaction (group
-// commit, docs/decisions/0026-group-commit.md): one statement locks every run and task row of the
-// batch (in run id order, so two batches never wait on each other crosswise), one statement writes
-// every result, settle, journal row, watermark and NOTIFY. The writes are the ones completeRun
-// makes for each run on its own (the same result sealing, the same journal events through
-// journal-writer.ts, the same delivery ids), with the transaction's clock read once: every settle
-// of the batch is stamped with the transaction's now(), as each would be in its own. A run that
-// needs more than the common path (no task, stored outputs to merge, a ceiling that keeps no
-// result, a run no longer held) is completed by completeRunWithin in the same transaction.
+// The completions of runs that end together, written in one transaction (group commit,
+// docs/decisions/0026-group-commit.md), and a completion alone the same way (completeRun): one
+// statement locks every run and task row of the batch (in run id order, so two batches never wait
+// on each other crosswise) and reads the transaction's clock; each run's completion record
+// (completion-record.ts) is built from the rows as locked, with the artifacts the run stored, and
+// one statement writes every record's audit rows, result, settle, journal rows and NOTIFY, then
+// the push outbox of each task's configs as they are after the lock. Every settle of the batch is
+// stamped with the transaction's now(), as each would be in its own. A completion that is not a
+// run holding a task whose result may be kept (no task, a run no longer held, a ceiling that keeps
+// no result) is written by completeRunAlone in the same transaction.
 
 const lockedRow = z.object({
   run_id: z.string(),
@@ -59,112 +54,107 @@ const settledRow = runRow
   .pick({ id: true, task_id: true, status: true, termination_reason: true, failure_detail: true })
   .extend({ push_configs: z.array(z.string()), results: z.number(), events: z.number(), notified: z.number() });
 
-/** Whether a completion can take the batch's common path: it holds its run, the run serves a task, nothing stored to merge, a result may be kept. */
-function commonPath(input: CompletionInput, row: LockedRow | undefined): row is LockedRow {
+/** Whether a completion is written by the batch's statement: it holds its run, the run serves the task, a result may be kept. */
+function batchable(input: CompletionInput, row: LockedRow | undefined): row is LockedRow {
   return (
     row !== undefined &&
     input.taskId !== null &&
     row.task_id === input.taskId &&
-    !input.hasOutputs &&
     row.status === 'running' &&
     row.claimed_by === input.workerId &&
     answerIsRetainable(row.answer_level as PrivacyLevel)
   );
 }
 
-type Prepared = {
-  input: CompletionInput;
-  row: LockedRow;
-  stored: ReturnType<typeof prepareTaskResult>;
-  directMessage: boolean;
-  revision: number;
-  events: ReturnType<typeof journalEventsSince>;
-  journal: ReturnType<typeof journalRows>;
-  /** The audit rows riding in the batch's statement (what could be refused, beforeSettle wrote). */
-  audit: SerializedRow[];
-};
+/** The rows as locked, as a completion record knows them. */
+function knownRows(row: LockedRow): KnownRows {
+  return {
+    runRevision: row.revision,
+    answerLevel: row.answer_level as PrivacyLevel,
+    startedAt: row.started_at,
+    projectedRevision: row.projected_revision,
+    lastSequence: row.last_sequence,
+    projectedState: row.projected_state as TaskState,
+    task: { contextId: row.context_id, owner: row.owner, agent: row.agent, metadata: row.metadata, history: row.history, createdAt: row.task_created_at },
+  };
+}
 
-export async function completeRunsTogether(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, inputs: readonly CompletionInput[]): Promise<CompletionResult[]> {
-  // Only completions that may take the common path are locked here; the others (outputs to merge,
-  // no task) are written by completeRunWithin below, which locks and reads their rows itself. A
-  // run named twice takes no common path (each completion is written alone).
-  const unique = new Set(inputs.map((input) => input.runId)).size === inputs.length;
-  const ids = inputs.filter((input) => input.taskId !== null && !input.hasOutputs).map((input) => input.runId);
-  const locked = !unique || ids.length === 0 ? [] : await transaction.any(sql.type(lockedRow)`${PREPARED}
+/** Locks the run and task rows of the runs serving tasks, in run id order, with the transaction's clock. */
+async function lockRunsAndTasks(transaction: CommonQueryMethods, runIds: readonly string[]): Promise<Map<string, LockedRow>> {
+  if (runIds.length === 0) return new Map();
+  const rows = await transaction.any(sql.type(lockedRow)`${PREPARED}
     SELECT r.id AS run_id, r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at,
       t.context_id, t.owner, t.agent, t.metadata, t.created_at AS task_created_at, t.history,
       t.projected_revision, t.last_sequence, t.projected_state, now() AS tx_now
     FROM runs r JOIN a2a_tasks t ON t.id = r.task_id
-    WHERE r.id = ANY(${sql.array(ids, 'uuid')})
+    WHERE r.id = ANY(${sql.array([...runIds], 'uuid')})
     ORDER BY r.id
     FOR UPDATE OF r, t`);
-  const byRun = new Map(locked.map((row) => [row.run_id, row]));
+  return new Map(rows.map((row) => [row.run_id, row]));
+}
 
+/**
+ * The artifacts a run stored, with the result's own (a statechart agent's output) written first
+ * at the revision its settle reaches, for the record to merge and journal; none to read when the
+ * run stored none.
+ */
+async function storedOutputs(transaction: CommonQueryMethods, sealer: Sealer, input: CompletionInput, row: LockedRow): Promise<StoredRunOutput[]> {
+  const resultOutputs = input.resultOutputs ?? [];
+  if (resultOutputs.length > 0) await appendRunOutputs(transaction, sealer, input.runId, row.revision + 1, row.answer_level as PrivacyLevel, resultOutputs);
+  return input.hasOutputs || resultOutputs.length > 0 ? listRunOutputs(transaction, sealer, input.runId) : [];
+}
+
+export async function completeRunsTogether(transaction: CommonQueryMethods, sealer: Sealer, logger: KeelLogger, inputs: readonly CompletionInput[]): Promise<CompletionResult[]> {
+  const locked = await lockRunsAndTasks(
+    transaction,
+    inputs.filter((input) => input.taskId !== null).map((input) => input.runId),
+  );
   const results: Array<CompletionResult | null> = inputs.map(() => null);
-  const prepared: Array<Prepared & { index: number }> = [];
+  const batch: Array<{ index: number; input: CompletionInput; record: CompletionRecord }> = [];
+  const taken = new Set<string>();
   for (const [index, input] of inputs.entries()) {
-    const row = byRun.get(input.runId);
-    if (!commonPath(input, row)) continue;
-    const level = row.answer_level as PrivacyLevel;
+    const row = locked.get(input.runId);
+    // A run named twice is written once here; the other completion finds it settled.
+    if (!batchable(input, row) || taken.has(input.runId)) continue;
+    taken.add(input.runId);
+    const outputs = await storedOutputs(transaction, sealer, input, row);
     const audit = input.takeAuditRows?.() ?? [];
     await input.beforeSettle?.(transaction);
-    const taskId = row.task_id!;
-    const { artifacts, statusMessage, directMessage } = answerResult(taskId, row.context_id, input, []);
-    const stored = prepareTaskResult(sealer, taskId, level, { artifacts, statusMessage, directMessage }, row.history);
-    const revision = row.revision + 1;
-    const head = {
-      taskId,
-      contextId: row.context_id,
-      projectedRevision: row.projected_revision,
-      lastSequence: row.last_sequence,
-      projectedState: row.projected_state as TaskState,
-      directMessage,
-      statusMessage: () => stored.statusMessage,
-      artifacts: () => stored.artifacts,
-    };
-    const run = { runId: input.runId, status: 'completed' as const, revision, startedAt: row.started_at, statusChangedAt: row.tx_now, terminationReason: input.reason, failureDetail: null };
-    const events = journalEventsSince(head, run, []);
-    prepared.push({ index, input, row, stored, directMessage, revision, events, journal: journalRows(sealer, head, run, events), audit });
+    batch.push({ index, input, record: completionRecord(sealer, input, knownRows(row), row.tx_now, outputs, audit) });
   }
 
-  if (prepared.length > 0) {
-    const written = await writeCommonCompletions(transaction, prepared);
-    for (const item of prepared) {
-      const settled = written.get(item.input.runId);
-      if (!settled) throw new Error(`completion of run ${item.input.runId}: the batch did not settle it`);
+  if (batch.length > 0) {
+    const written = await writeCompletionRecords(
+      transaction,
+      batch.map(({ record }) => record),
+    );
+    for (const { index, input, record } of batch) {
+      const settled = written.get(record.runId);
+      if (!settled) throw new Error(`completion of run ${record.runId}: the batch did not settle it`);
       const { push_configs: configs, results: _results, events: _events, notified: _notified, ...run } = settled;
-      const taskId = item.row.task_id!;
-      const options = item.input.projection ?? DEFAULT_PROJECTION_OPTIONS;
-      const deliveryIds = await recordEventDeliveries(transaction, { taskId, lastSequence: item.row.last_sequence }, item.events, configs, options);
-      const notice = item.journal.notice === null ? null : { taskId, lastSequence: item.journal.lastSequence, ends: item.journal.ends };
-      const write = { events: item.events.length, revision: item.revision, deliveryIds, notice, state: 'TASK_STATE_COMPLETED' as const, statusTimestamp: item.row.tx_now, lastSequence: item.journal.lastSequence };
-      const content = { sealed: item.stored.sealed, answerLevel: item.row.answer_level, directMessage: item.directMessage };
-      results[item.index] = { settled: true, run, journaled: { write, task: journaledTaskRow(item.row, run, write, content) } };
+      const options = input.projection ?? DEFAULT_PROJECTION_OPTIONS;
+      const deliveryIds = await recordEventDeliveries(transaction, { taskId: record.taskId, lastSequence: record.known.lastSequence }, record.events, configs, options);
+      results[index] = { settled: true, run, journaled: journaledEndOf(record, run, deliveryIds) };
     }
   }
 
   // Everything else, one by one in the same transaction, exactly as alone.
   for (const [index, input] of inputs.entries()) {
-    if (results[index] === null) results[index] = await completeRunWithin(transaction, sealer, logger, input);
+    if (results[index] === null) results[index] = await completeRunAlone(transaction, sealer, logger, input);
   }
   return results as CompletionResult[];
 }
 
-type CommonCompletionRows = [
-  audit: readonly AuditRow[],
-  results: ReadonlyArray<ReturnType<typeof taskResultRow>>,
-  settles: ReadonlyArray<ReturnType<typeof settleRow>>,
-  journal: readonly JournalRow[],
-  notices: readonly string[],
-];
+type RecordRows = [audit: readonly AuditRow[], results: readonly ShapedRow[], settles: readonly ShapedRow[], journal: readonly JournalRow[], notices: readonly string[]];
 
 /**
- * The batch's one writing statement: its audit rows, results with watermarks, settles, journal
- * rows and NOTIFYs, returning the settled runs with their tasks' push configs. One text for any
- * batch (rows as arrays): prepared on each connection (decision 0030) and built once (decision 0035).
+ * The batch's one writing statement: its records' audit rows, results with watermarks, settles,
+ * journal rows and NOTIFYs, returning the settled runs with their tasks' push configs (read after
+ * the lock, so every config committed before it is there, decision 0051). One text for any batch
+ * (rows as arrays): prepared on each connection (decision 0030) and built once (decision 0035).
  */
 export const commonCompletionStatement = new SameTextStatement(
-  ([audit, results, settles, journal, notices]: CommonCompletionRows) => sql.type(settledRow)`${PREPARED}
+  ([audit, results, settles, journal, notices]: RecordRows) => sql.type(settledRow)`${PREPARED}
     WITH audited AS (${insertAuditRowsStatement(audit)} RETURNING 1),
     results AS (${writeTaskResultsStatement(results)} RETURNING t.id),
     settled AS (${completeRunsStatement(settles)} RETURNING r.id, r.task_id, r.status, r.termination_reason, r.failure_detail),
@@ -178,24 +168,26 @@ export const commonCompletionStatement = new SameTextStatement(
   [AUDIT_COLUMNS, TASK_RESULT_COLUMNS, SETTLE_COLUMNS, JOURNAL_COLUMNS, 'list'],
 );
 
-async function writeCommonCompletions(transaction: CommonQueryMethods, items: readonly Prepared[]): Promise<Map<string, z.infer<typeof settledRow>>> {
-  const journal: JournalRow[] = items.flatMap((item) => item.journal.rows);
-  const notices = items.flatMap((item) => (item.journal.notice === null ? [] : [item.journal.notice]));
+/**
+ * Writes completion records of runs whose rows the caller locked, in one statement; the settled
+ * runs by id. A statement that wrote fewer rows than its records hold fails the transaction.
+ */
+export async function writeCompletionRecords(transaction: CommonQueryMethods, records: readonly CompletionRecord[]): Promise<Map<string, z.infer<typeof settledRow>>> {
+  const journal = records.flatMap((record) => record.journal.rows);
+  const notices = records.flatMap((record) => (record.journal.notice === null ? [] : [record.journal.notice]));
   const rows = await transaction.any(
     commonCompletionStatement.with([
-      items.flatMap((item) => auditRowsOf(item.input.runId, item.audit)),
-      items.map(({ row, stored, directMessage, revision, journal: written }) =>
-        taskResultRow({ taskId: row.task_id!, stored, directMessage, answerLevel: row.answer_level, revision, lastSequence: written.lastSequence }),
-      ),
-      items.map(({ input }) => settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals })),
+      records.flatMap((record) => record.audit),
+      records.map((record) => record.result),
+      records.map((record) => record.settle),
       journal,
       notices,
     ]),
   );
   const first = rows[0];
-  if (rows.length !== items.length || !first || first.results !== items.length || first.events !== journal.length || first.notified !== notices.length) {
+  if (rows.length !== records.length || !first || first.results !== records.length || first.events !== journal.length || first.notified !== notices.length) {
     throw new Error(
-      `batched completion wrote ${first?.results ?? 0} of ${items.length} results, settled ${rows.length}, journaled ${first?.events ?? 0} of ${journal.length} events`,
+      `batched completion wrote ${first?.results ?? 0} of ${records.length} results, settled ${rows.length}, journaled ${first?.events ?? 0} of ${journal.length} events`,
     );
   }
   return new Map(rows.map((row) => [row.id, row]));

@@ -39,12 +39,9 @@ afterAll(async () => {
   await keel?.dispose();
 });
 
-/** Backends of this database waiting for a row lock on a2a_tasks (the completion behind the holder). */
-async function waitingForTaskRow(client: pg.Client): Promise<number> {
-  const result = await client.query<{ waiting: number }>(
-    `SELECT count(*)::int AS waiting FROM pg_stat_activity
-     WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND query ILIKE '%a2a_tasks%'`,
-  );
+/** Backends waiting for a lock the holder holds (the completion behind it). */
+async function blockedByHolder(client: pg.Client): Promise<number> {
+  const result = await client.query<{ waiting: number }>(`SELECT count(*)::int AS waiting FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))`);
   return result.rows[0]!.waiting;
 }
 
@@ -59,7 +56,7 @@ describe('a push config created while a fast run completes', () => {
       // Taken while the run is still working (its provider takes 2.5 s), or the test proves nothing.
       expect(locked.rows[0]?.state).toBe('TASK_STATE_WORKING');
       // The run ends after its delay; its completion then waits for the task row.
-      await waitFor(async () => (await waitingForTaskRow(holder)) > 0, 'the completion to wait for the task row', 15_000).catch(async (error: unknown) => {
+      await waitFor(async () => (await blockedByHolder(holder)) > 0, 'the completion to wait for the task row', 15_000).catch(async (error: unknown) => {
         const activity = await holder.query(`SELECT wait_event_type, wait_event, state, left(query, 120) AS query FROM pg_stat_activity WHERE datname = current_database()`);
         const run = await holder.query('SELECT status, claimed_by, revision FROM runs WHERE id = $1', [taskId]);
         throw new Error(`${String(error)}; run ${JSON.stringify(run.rows)}; activity ${JSON.stringify(activity.rows)}`);
