@@ -6,12 +6,11 @@ import type { KeelLogger } from '../log/logger.js';
 import { checkUrl, describeRefusal, type Resolver } from '../net/guarded-fetch.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
-import { enqueueRun } from '../runs/create-agent-run.js';
 import { provideRunInput } from '../runs/resume-run.js';
-import { cancelRun, createRun } from '../runs/run-repository.js';
-import type { FastRunSlot, FastRuns } from '../runs/fast-runs.js';
-import { journalFastStart, TaskCreations, type TaskCreator } from '../writes/task-creation.js';
-import { DEFAULT_PROJECTION_OPTIONS, type ProjectionOptions } from '../tasks/journal-writer.js';
+import { cancelRun } from '../runs/run-repository.js';
+import type { TranscriptMessage } from '../providers/provider.js';
+import type { RunRequest } from '../runs/run-request.js';
+import type { TaskIntake } from '../writes/task-intake.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
@@ -19,10 +18,7 @@ import { readJournal } from '../tasks/journal.js';
 import { JournalWait, wokenOrAfter, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
-  contextTranscript,
-  ensureContext,
   getTaskRow,
-  insertTask,
   listTaskRows,
   markTaskWatched,
   openSealed,
@@ -68,14 +64,8 @@ export type A2AServiceDeps = {
   resolver?: Resolver;
   /** The key every card is signed with (`security.cardSigning`); none: cards go unsigned. */
   cardSigner?: CardSigner | null;
-  /** New tasks in new contexts, written together (group commit); made from pool and sealer when absent. */
-  creations?: TaskCreator;
-  /** This process's run slots for the fast path, when it runs workers with the fast path on. */
-  fastRuns?: FastRuns | null;
-  /** The push outbox's bounds, for the delivery of a fast run's WORKING event. */
-  projectionOptions?: ProjectionOptions;
-  /** Wakes the push deliveries a new task's WORKING event wrote. */
-  onDeliveries?: (deliveryIds: string[]) => Promise<void>;
+  /** Where new tasks enter the write path (src/writes/task-intake.ts). */
+  intake: TaskIntake;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -125,15 +115,8 @@ export class A2AService {
   /** The public and extended cards, signed when card signing is configured. */
   readonly cards: ServedCards;
 
-  private readonly creations: TaskCreator;
-
-  private get projectionOptions(): ProjectionOptions {
-    return this.deps.projectionOptions ?? DEFAULT_PROJECTION_OPTIONS;
-  }
-
   constructor(private readonly deps: A2AServiceDeps) {
     this.cards = new ServedCards(deps.config, deps.cardSigner ?? null);
-    this.creations = deps.creations ?? new TaskCreations(deps.pool, deps.sealer, { maxBatch: 64 });
   }
 
   private get blockingCapMs(): number {
@@ -255,16 +238,7 @@ export class A2AService {
 
     const taskId = newRowId();
     const contextId = message.contextId ?? newRowId();
-    const { pool, sealer } = this.deps;
     const stored = this.storedMessage(message, taskId, contextId);
-    const runInput = {
-      id: taskId,
-      agent: caller.agent.config.id,
-      auditLevel: primary.ceilings.auditLevel,
-      answerLevel: primary.ceilings.answerLevel,
-      provider: primary.provider.name,
-      taskId,
-    };
     const task = {
       id: taskId,
       contextId,
@@ -274,8 +248,8 @@ export class A2AService {
       history: [stored],
       metadata: params.metadata ?? {},
     };
-    const sealedHistory = sealTaskHistory(sealer, task);
-    const request = (earlier: Array<{ role: 'user' | 'assistant'; content: string }>) => ({
+    const sealedHistory = sealTaskHistory(this.deps.sealer, task);
+    const request = (earlier: TranscriptMessage[]): RunRequest => ({
       messages: [...earlier, { role: 'user' as const, content: messageText(message) }],
       metadata: {
         messageId: message.messageId,
@@ -284,55 +258,27 @@ export class A2AService {
         ...(caller.agent.statechart ? { taskId, parts: message.parts.map(referencedPart) } : {}),
       },
     });
-    // The fast path (docs/decisions/0025-fast-path.md): with a free run slot here, the run is
-    // inserted claimed by this process, the task WORKING with its first journal event, and it runs
-    // here once the insert committed; no queue job. Otherwise the run is QUEUED and its job added.
-    const slot: FastRunSlot | null = this.deps.fastRuns?.reserve() ?? null;
-    const fast = slot && { claim: slot.claim, at: Date.now() };
-    let runRequest: ReturnType<typeof request>;
-    let deliveries: string[] = [];
-    try {
-      if (!message.contextId && !pushInput) {
-        // The common case, a first message: one statement, written with the other requests' creations.
-        runRequest = request([]);
+    // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts).
+    const accepted = await this.deps.intake.accept(
+      {
         // The added field first, the spread last: `{ ...task, sealedHistory }` would make a hidden
         // class per task (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
-        await this.creations.create({ task: { sealedHistory, ...task }, run: { request: runRequest, ...runInput }, fast });
-      } else {
-        runRequest = await pool.transaction(async (transaction) => {
-          await ensureContext(transaction, caller.clientId, contextId);
-          const earlier = message.contextId ? await contextTranscript(transaction, sealer, caller.clientId, contextId) : [];
-          const asked = request(earlier);
-          await createRun(transaction, sealer, { ...runInput, request: asked }, fast);
-          await insertTask(transaction, sealer, { ...task, sealedHistory }, fast && { at: fast.at, journaled: null });
-          if (pushInput) await createPushConfig(transaction, sealer, { ...pushInput, taskId, owner: caller.clientId });
-          // The WORKING event through the journal's writer: a push config created above gets its delivery.
-          if (fast) deliveries = await journalFastStart(transaction, sealer, { id: taskId, contextId }, fast.at, this.projectionOptions);
-          return asked;
-        });
-      }
-    } catch (error) {
-      slot?.cancel();
-      throw error;
-    }
-    beforeWork?.(taskId);
-    if (slot && fast) {
-      slot.start({
-        id: taskId,
-        agent: runInput.agent,
-        taskId,
-        auditLevel: runInput.auditLevel,
-        answerLevel: runInput.answerLevel,
-        provider: runInput.provider,
-        request: runRequest,
-        at: fast.at,
-        task: { contextId, owner: caller.clientId, metadata: task.metadata, history: sealedHistory, pushConfigured: pushInput !== undefined },
-      });
-      if (deliveries.length > 0) await this.deps.onDeliveries?.(deliveries).catch((error: Error) => this.deps.logger.warn({ err: error, taskId }, 'push wake-ups for a new task failed; the sweeper adds them'));
-      return ok({ taskId, afterSequence: 1 });
-    }
-    await enqueueRun(this.deps.queues, taskId);
-    return ok({ taskId, afterSequence: 0 });
+        task: { sealedHistory, ...task },
+        run: {
+          id: taskId,
+          agent: caller.agent.config.id,
+          auditLevel: primary.ceilings.auditLevel,
+          answerLevel: primary.ceilings.answerLevel,
+          provider: primary.provider.name,
+          taskId,
+        },
+        request,
+        inExistingContext: message.contextId !== undefined,
+        pushConfig: pushInput,
+      },
+      beforeWork,
+    );
+    return ok(accepted);
   }
 
   private async continueTask(

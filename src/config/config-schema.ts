@@ -277,6 +277,11 @@ const runsSchema = z
      * slot, without the queue (docs/decisions/0025-fast-path.md). Off: every run takes the queue.
      */
     fastPath: z.boolean().default(true),
+    /**
+     * Diagnosis: every task's creation and completion written by a statement or transaction of its
+     * own, and every run through the queue (the fast path and group commit off). Same rows, slower.
+     */
+    directWrites: z.boolean().default(false),
     leaseSeconds: z.number().positive().max(3600).default(60),
     heartbeatSeconds: z.number().positive().max(600).default(20),
     maxRequeues: z.number().int().min(0).max(100).default(3),

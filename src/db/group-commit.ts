@@ -14,6 +14,11 @@ export type BatchOptions<I = unknown> = {
   /** At most this many items per batch (a bound on statement size and transaction length). */
   maxBatch: number;
   /**
+   * Group commit off (`runs.directWrites`, for diagnosis): each item is written alone as soon as
+   * it is submitted, by `writeOne`, concurrently with the others; `lanes` does not bound them.
+   */
+  direct?: boolean;
+  /**
    * How many batches may be in flight at once, each on its own connection (1: one at a time).
    * Items wait only while every lane is busy, so a lone item is still written at once.
    */
@@ -63,10 +68,19 @@ export class GroupCommit<I, R> {
 
   /** Writes the item with whatever else is ready; resolves once its batch (or its own retry) committed. */
   submit(item: I): Promise<R> {
+    if (this.writer.direct) return this.writeAlone(item);
     return new Promise<R>((resolve, reject) => {
       this.queue.push({ item, resolve, reject, submittedAt: performance.now() });
       this.schedule();
     });
+  }
+
+  private async writeAlone(item: I): Promise<R> {
+    this.writer.onBatch?.(1);
+    const startedAt = performance.now();
+    const result = await this.writer.writeOne(item);
+    this.writer.onWritten?.([0], performance.now() - startedAt, [item]);
+    return result;
   }
 
   private schedule(): void {

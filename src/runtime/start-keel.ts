@@ -33,6 +33,8 @@ import { ProjectionScheduler } from '../tasks/task-projector.js';
 import { TaskCreations } from '../writes/task-creation.js';
 import { CompletionBatch } from '../writes/completion-batch.js';
 import { TaskWriteBatch } from '../writes/task-write-batch.js';
+import { TaskIntake } from '../writes/task-intake.js';
+import { writePathFor } from '../writes/write-path.js';
 import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
@@ -173,8 +175,10 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const hotPath = new HotPathMetrics();
   // A process that receives tasks and runs them fast writes their creations and their held
   // completions together (docs/decisions/0048-creations-and-completions-in-one-statement.md).
+  const writePath = writePathFor(config.runs, role);
+  if (config.runs.directWrites) logger.warn('runs.directWrites is on: no fast path and no group commit (every creation and completion written alone); for diagnosis only');
   const taskWrites =
-    role === 'all' && config.runs.fastPath
+    writePath.fastPath && writePath.groupCommit
       ? new TaskWriteBatch(database.pool, sealing.sealer, {
           maxBatch: TOGETHER_BATCH,
           lanes: BATCH_LANES,
@@ -204,11 +208,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         projection: projectionOptions,
         // Fast and queued runs share runs.concurrency: the queue's worker takes what fast runs leave
         // (at least one, so follow-ups and requeued runs never wait for a stream of new tasks).
-        fastSlots: role === 'all' && config.runs.fastPath ? Math.max(0, config.runs.concurrency - 1) : 0,
+        fastSlots: writePath.fastPath ? Math.max(0, config.runs.concurrency - 1) : 0,
         concurrency: config.runs.concurrency,
         completions: new CompletionBatch(database.pool, sealing.sealer, logger, {
           maxBatch: COMPLETION_BATCH,
           lanes: BATCH_LANES,
+          direct: !writePath.groupCommit,
           onBatch: (size) => hotPath.batch('completion', size),
           onWritten: (waitedMs, writeMs) => hotPath.batchWritten('completion', waitedMs, writeMs),
         }, taskWrites ?? undefined),
@@ -266,17 +271,25 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
-      creations:
-        taskWrites ??
-        new TaskCreations(database.pool, sealing.sealer, {
-          maxBatch: CREATION_BATCH,
-          lanes: BATCH_LANES,
-          onBatch: (size) => hotPath.batch('creation', size),
-          onWritten: (waitedMs, writeMs) => hotPath.batchWritten('creation', waitedMs, writeMs),
-        }),
-      fastRuns: executor?.fastRuns ?? null,
-      projectionOptions,
-      onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),
+      intake: new TaskIntake({
+        pool: database.pool,
+        sealer: sealing.sealer,
+        queues,
+        logger,
+        creations:
+          taskWrites ??
+          new TaskCreations(database.pool, sealing.sealer, {
+            maxBatch: CREATION_BATCH,
+            lanes: BATCH_LANES,
+            direct: !writePath.groupCommit,
+            onBatch: (size) => hotPath.batch('creation', size),
+            onWritten: (waitedMs, writeMs) => hotPath.batchWritten('creation', waitedMs, writeMs),
+          }),
+        // Decided once, above: this process's slots when the fast path is on here, else none.
+        fastRuns: writePath.fastPath ? (executor?.fastRuns ?? null) : null,
+        projectionOptions,
+        onDeliveries: (deliveryIds) => enqueueDeliveries({ deliveryIds }),
+      }),
     });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger });

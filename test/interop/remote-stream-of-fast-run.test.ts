@@ -14,6 +14,8 @@ import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 const overrides = {
   KEEL_PROVIDERS: { slow: { type: 'scripted', steps: [{ reply: 'slow done', delayMs: 1500 }] } },
   KEEL_AGENTS: [{ id: 'slow', name: 'Slow', provider: 'slow' }],
+  // This file is about the fast path: it keeps it when the suite runs with direct writes.
+  KEEL_RUNS_DIRECT_WRITES: 'false',
 };
 
 let database: Awaited<ReturnType<typeof createEmptyDatabase>>;

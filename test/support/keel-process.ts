@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { SUITE_WRITE_PATH_ENV } from './suite-write-path.js';
 
 export const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const KEEL_BIN = fileURLToPath(new URL('../../bin/keel.js', import.meta.url));
@@ -16,7 +17,7 @@ export type KeelProcess = {
 export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [key, value] of Object.entries(process.env)) if (!key.startsWith('KEEL_') && !key.startsWith('VITEST')) env[key] = value;
-  return { ...env, KEEL_LOG_LEVEL: 'info', ...extra };
+  return { ...env, KEEL_LOG_LEVEL: 'info', ...SUITE_WRITE_PATH_ENV, ...extra };
 }
 
 export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): KeelProcess {

@@ -7,6 +7,7 @@ import { encodeMasterKey, generateMasterKey } from '../../src/sealing/master-key
 import { startKeel, type KeelInstance, type StartOptions } from '../../src/runtime/start-keel.js';
 import { createEmptyDatabase } from './test-database.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from './test-queues.js';
+import { SUITE_WRITE_PATH_ENV } from './suite-write-path.js';
 
 export type TestKeel = KeelInstance & { config: KeelConfig; databaseUrl: string; masterKey: string; dispose: () => Promise<void> };
 
@@ -39,6 +40,7 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
       KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       ...TEST_POOL_ENV,
+      ...SUITE_WRITE_PATH_ENV,
       ...stringValues(overrides),
       ...env,
     },
