@@ -177,8 +177,9 @@ const begunRow = z.object({
  * outcome replaces the lease; a worker that died leaves it to expire, and the delivery is retried.
  *
  * Everything that decides whether the attempt may begin is checked in this one statement, on the
- * database's clock at the statement (statement_timestamp(), not now(): the caller's transaction may
- * have waited for the event's row lock since it began), and the attempt starts at that moment:
+ * database's clock read once the delivery's row is locked (clock_timestamp(), not now(): the
+ * caller's transaction may have waited for the event's row lock since it began), and the attempt
+ * starts at that moment:
  * - the deadline: never begun past it, however long the worker took since it read the delivery
  *   (and whatever the skew between the worker's clock and the database's);
  * - the attempts: a delivery that has used `maxAttempts` is never begun again, whether its last
@@ -190,19 +191,23 @@ const begunRow = z.object({
  */
 export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, options: { leaseMs: number; maxAttempts: number }): Promise<BegunAttempt> {
   const row = await db.maybeOne(sql.type(begunRow)`
-    WITH due AS (
-      SELECT d.id, d.attempts AS counted, d.deadline <= statement_timestamp() AS past_deadline,
-        (c.state <> 'active' OR c.deleted_at IS NOT NULL) AS config_not_active
+    WITH locked AS (
+      SELECT d.id, d.attempts AS counted, d.deadline, (c.state <> 'active' OR c.deleted_at IS NOT NULL) AS config_not_active
       FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
       WHERE d.id = ${deliveryId} AND d.state = 'pending' AND d.next_attempt_at <= statement_timestamp() + interval '50 milliseconds'
       FOR UPDATE OF d),
+    -- The clock is read once the row is locked (a volatile function: this is evaluated once, after
+    -- locked), so not even a wait for another attempt's lock on the row comes between the deadline
+    -- check and the attempt's start.
+    due AS (
+      SELECT locked.*, clock_timestamp() AS at FROM locked),
     begun AS (
-      UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = statement_timestamp(),
-        next_attempt_at = statement_timestamp() + ${sql.interval({ seconds: options.leaseMs / 1000 })}
-      FROM due WHERE d.id = due.id AND NOT due.past_deadline AND NOT due.config_not_active AND due.counted < ${options.maxAttempts}
+      UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = due.at,
+        next_attempt_at = due.at + ${sql.interval({ seconds: options.leaseMs / 1000 })}
+      FROM due WHERE d.id = due.id AND due.deadline > due.at AND NOT due.config_not_active AND due.counted < ${options.maxAttempts}
       RETURNING d.attempts)
-    SELECT due.past_deadline, due.config_not_active, due.counted, (SELECT attempts FROM begun) AS attempts,
-      (extract(epoch FROM statement_timestamp()) * 1000)::float8 AS started_at FROM due`);
+    SELECT due.deadline <= due.at AS past_deadline, due.config_not_active, due.counted, (SELECT attempts FROM begun) AS attempts,
+      (extract(epoch FROM due.at) * 1000)::float8 AS started_at FROM due`);
   if (row === null) return { kind: 'not_due' };
   if (row.config_not_active) return { kind: 'config_not_active' };
   if (row.past_deadline) return { kind: 'past_deadline' };
