@@ -1,16 +1,17 @@
 import type { Job } from 'bullmq';
 import { PUSH_AUTH_SCHEME } from '../src/protocol/wire.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
-import { describeRefusal } from '../src/net/guarded-fetch.js';
+import { classifyAttempt, type OutcomeClass } from '../src/push/attempt-outcome.js';
 import {
   beginAttempt,
   cancelPendingOfConfig,
   headOfConfig,
   loadDelivery,
-  recordAttempt,
-  transitionConfig,
-  transitionDelivery,
+  recordOutcome,
+  type AttemptRecord,
+  type ConfigHead,
   type DeliveryRow,
+  type OutcomeWrite,
 } from '../src/push/delivery-repository.js';
 import type { DeliveryOptions } from '../src/push/delivery-options.js';
 import { pushConfigContext } from '../src/push/push-config-repository.js';
@@ -19,10 +20,12 @@ import type { KeelContext } from '../src/context/keel-context.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
 
 // The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
-// or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait),
-// check the deadline, the target (address guard) and load the credential. Then one POST of the bare
-// StreamResponse, classified; every attempt is a row. The next delivery of the config is woken
-// when this one ends.
+// or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait)
+// and load the credential. Then, in one statement on the database's clock, check the deadline, the
+// attempts left and the config's state, and count the attempt. Then one POST of the bare
+// StreamResponse through the address guard; its result is classified (src/push/attempt-outcome.ts)
+// and the outcome recorded in one transaction. The next delivery of the config is woken when this
+// one ends.
 
 export type AttemptOutcome =
   | { kind: 'delivered' }
@@ -30,8 +33,6 @@ export type AttemptOutcome =
   | { kind: 'dead' }
   | { kind: 'paused' }
   | { kind: 'stopped' };
-
-const RETRY_STATUSES = new Set([429, 502, 503, 504]);
 
 /** Whether a stored scheme is the one Keel sends (schemes are case-insensitive, RFC 7235; none stored means Bearer). */
 const isPushAuthScheme = (scheme: string | null) => scheme === null || scheme.toLowerCase() === PUSH_AUTH_SCHEME.toLowerCase();
@@ -61,7 +62,10 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
    */
   async function wakeNext(delivery: Pick<DeliveryRow, 'task_id' | 'config_id' | 'event_sequence'>, endedHere = false): Promise<void> {
     const head = await headOfConfig(pool, delivery.task_id, delivery.config_id);
-    if (!head) return;
+    if (head) await wakeHead(delivery, head, endedHere);
+  }
+
+  async function wakeHead(delivery: Pick<DeliveryRow, 'event_sequence'>, head: ConfigHead, endedHere: boolean): Promise<void> {
     const jobId = deliveryJobId(head.id, head.attempts);
     const delayMs = head.next_attempt_at - Date.now();
     // The `-w` id is this wake-up's own: adding it twice is a no-op, no need to look first.
@@ -76,6 +80,24 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     return true;
   }
 
+  /**
+   * Records an outcome in one transaction. A delivery that ended wakes the config's next one (its
+   * head as the transaction left it), unless the config was paused: the resume wakes it then.
+   */
+  async function settle(delivery: DeliveryRow, write: OutcomeWrite): Promise<void> {
+    if (write.config?.event === 'AUTH_FAILED') {
+      await recordOutcome(pool, { id: delivery.id, taskId: delivery.task_id, configId: delivery.config_id }, write);
+      return;
+    }
+    const read = await recordOutcome(pool, { id: delivery.id, taskId: delivery.task_id, configId: delivery.config_id }, write);
+    // Nothing pending as the transaction read it: a delivery committed after that read (and before
+    // this commit) was not seen, and its writer, looking after its own commit, found this one still
+    // pending and leased, so it woke nothing. Looked for again after the commit, whichever of the
+    // two commits last sees the other's row (src/push/wake-deliveries.ts).
+    const head = read ?? (await headOfConfig(pool, delivery.task_id, delivery.config_id));
+    if (head && head.id !== delivery.id) await wakeHead(delivery, head, true);
+  }
+
   async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped'> {
     const log = logger.child({ deliveryId: delivery.id, taskId: delivery.task_id, configId: delivery.config_id });
     if (await cancelIfConfigGone(delivery)) return 'skipped';
@@ -85,16 +107,13 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       await queues.ensureJob('push', `${deliveryJobId(delivery.id, delivery.attempts)}-at${delivery.next_attempt_at}`, { deliveryId: delivery.id }, { delayMs: delivery.next_attempt_at - Date.now() });
       return 'skipped';
     }
-    if (delivery.deadline < Date.now()) {
-      await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
-      return 'skipped';
-    }
+    // The deadline is not checked here, on this worker's clock: beginAttempt checks it below, in
+    // the statement that counts the attempt, on the database's.
     if (delivery.credentials && !isPushAuthScheme(delivery.auth_scheme)) {
       // A config stored before only Bearer was accepted: its credential was meant for another
       // scheme and is never sent, under that scheme or as a Bearer token. Final, like any stop.
       const reason = `authentication scheme ${JSON.stringify(delivery.auth_scheme)} is not supported: only ${PUSH_AUTH_SCHEME} is sent`;
-      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', reason);
-      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, `config stopped: ${reason}`);
+      await settle(delivery, { config: { event: 'STOP', reason }, cancelPending: `config stopped: ${reason}` });
       log.warn({ reason: 'unsupported_auth_scheme' }, 'push config names an unsupported authentication scheme; config stopped');
       return { kind: 'stopped' };
     }
@@ -102,7 +121,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     if (delivery.credentials) {
       const opened = sealer.openJson<string>(pushConfigContext(delivery.task_id, delivery.config_id, 'credentials'), delivery.credentials);
       if (!opened.ok) {
-        await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the credential cannot be opened');
+        await settle(delivery, { delivery: { event: 'GIVE_UP', outcome: 'dead: the credential cannot be opened' } });
         return { kind: 'dead' };
       }
       credentials = opened.value;
@@ -113,76 +132,107 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     // either began before the tightening committed or sends the rewritten row.
     const begun = await pool.transaction(async (transaction) => {
       const event = await readJournalEventToSend(transaction, sealer, delivery.task_id, delivery.event_sequence);
-      if (!event) return 'gone' as const;
+      if (!event) return { kind: 'gone' as const };
       // The lease outlasts the request's own deadline, so only a dead worker lets it expire.
-      const counted = await beginAttempt(transaction, delivery.id, 2 * options.timeoutMs + 1000);
-      return counted.kind === 'begun' ? { event, ...counted } : counted.kind;
+      const counted = await beginAttempt(transaction, delivery.id, { leaseMs: 2 * options.timeoutMs + 1000, maxAttempts: options.maxAttempts });
+      return counted.kind === 'begun' ? { ...counted, event } : counted;
     });
-    if (begun === 'gone') {
-      await transitionDelivery(pool, delivery.id, 'GIVE_UP', 'dead: the event is no longer in the journal');
-      return { kind: 'dead' };
-    }
-    if (begun === 'not_due') return 'skipped';
-    if (begun === 'config_not_active') {
-      // Paused or stopped since this job read the config (another attempt's answer): as if read now.
-      const current = await loadDelivery(pool, delivery.id);
-      if (current) await cancelIfConfigGone(current);
-      return 'skipped';
-    }
-    if (begun === 'past_deadline') {
-      // The deadline passed between the check above (this worker's clock) and the attempt's own.
-      await transitionDelivery(pool, delivery.id, 'DEADLINE_PASSED', 'expired: past its deadline');
-      return 'skipped';
+    switch (begun.kind) {
+      case 'gone':
+        await settle(delivery, { delivery: { event: 'GIVE_UP', outcome: 'dead: the event is no longer in the journal' } });
+        return { kind: 'dead' };
+      case 'not_due':
+        return 'skipped';
+      case 'config_not_active': {
+        // Paused or stopped since this job read the config (another attempt's answer): as if read now.
+        const current = await loadDelivery(pool, delivery.id);
+        if (current) await cancelIfConfigGone(current);
+        return 'skipped';
+      }
+      case 'past_deadline':
+        await settle(delivery, { delivery: { event: 'DEADLINE_PASSED', outcome: 'expired: past its deadline' } });
+        return 'skipped';
+      case 'attempts_used':
+        // Its last attempt was counted and never answered here (its worker died): no other request.
+        await settle(delivery, { delivery: { event: 'GIVE_UP', outcome: `dead: ${begun.attempts} attempts` } });
+        return { kind: 'dead' };
+      case 'begun':
+        break;
     }
     const { event, attempt: number, startedAt } = begun;
     const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
     // Only `Authorization: Bearer`, from the config's authentication; the config's `token` is never sent.
     if (credentials !== null) headers.authorization = `${PUSH_AUTH_SCHEME} ${credentials}`;
     const sentAt = Date.now();
+    // The address guard checks the target inside the request (resolution, then connection to a
+    // vetted address), so a refusal comes after the attempt was counted: it is that attempt's outcome.
     const result = await fetch({ url: delivery.url, method: 'POST', headers, body: JSON.stringify(event.response), timeoutMs: options.timeoutMs, maxResponseBytes: 64 * 1024 });
     const durationMs = Date.now() - sentAt;
-    const record = (outcome: string, statusCode: number | null, errorClass: string | null) =>
-      recordAttempt(pool, delivery.id, { attempt: number, startedAt, durationMs, statusCode, outcome, errorClass });
+    const outcome = classifyAttempt(result, number, options.maxAttempts);
+    const record = (name: AttemptOutcome['kind']): AttemptRecord => ({
+      attempt: number,
+      startedAt,
+      durationMs,
+      statusCode: outcome.status,
+      outcome: name,
+      errorClass: 'errorClass' in outcome ? outcome.errorClass : null,
+    });
+    return recordClass(delivery, outcome, record, log);
+  }
 
-    if (!result.ok && result.kind === 'refused') {
-      // The target became unacceptable (DNS now points somewhere refused): stop the config.
-      await record('stopped', null, `refused:${result.refusal.reason}`);
-      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', `address guard: ${describeRefusal(result.refusal)}`);
-      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, 'config stopped: address guard refused the target');
-      log.warn({ reason: result.refusal.reason }, 'push target refused at delivery time; config stopped');
-      return { kind: 'stopped' };
+  /** The writes of one outcome class (docs/push.md, "Outcome classes"), then the wake-ups. */
+  async function recordClass(
+    delivery: DeliveryRow,
+    outcome: OutcomeClass,
+    record: (name: AttemptOutcome['kind']) => AttemptRecord,
+    log: KeelContext['logger'],
+  ): Promise<AttemptOutcome> {
+    switch (outcome.class) {
+      case 'delivered':
+        await settle(delivery, { attempt: record('delivered'), delivery: { event: 'ACKNOWLEDGED', outcome: `delivered: ${outcome.status}` } });
+        return { kind: 'delivered' };
+      case 'retry': {
+        const row = record('retry');
+        const attempt = row.attempt;
+        const afterMs = retryDelayMs(options, attempt, retryAfter(outcome.retryAfterHeader));
+        await settle(delivery, {
+          attempt: row,
+          delivery: { event: 'RETRY_LATER', outcome: `retry ${attempt + 1} after ${outcome.status ?? outcome.errorClass}`, retryAt: Date.now() + afterMs },
+        });
+        await queues.ensureJob('push', deliveryJobId(delivery.id, attempt), { deliveryId: delivery.id }, { delayMs: afterMs });
+        return { kind: 'retry', afterMs };
+      }
+      case 'paused': {
+        const { attempt } = record('paused');
+        // On its last attempt the delivery ends with the pause: a resume never sends it again.
+        const write: OutcomeWrite = outcome.lastAttempt
+          ? {
+              attempt: record('dead'),
+              delivery: { event: 'GIVE_UP', outcome: `dead: ${attempt} attempts, the last answered ${outcome.status} (authentication failed)` },
+            }
+          : {
+              attempt: record('paused'),
+              delivery: { event: 'RETRY_LATER', outcome: `waiting: receiver answered ${outcome.status} (authentication failed)`, retryAt: Date.now() },
+            };
+        await settle(delivery, { ...write, config: { event: 'AUTH_FAILED', reason: 'authentication failed' } });
+        log.warn({ status: outcome.status }, 'push receiver refused the credential; config paused');
+        return { kind: 'paused' };
+      }
+      case 'stopped':
+        await settle(delivery, {
+          attempt: record('stopped'),
+          config: { event: 'STOP', reason: outcome.reason },
+          cancelPending: outcome.status === null ? 'config stopped: address guard refused the target' : `config stopped: ${outcome.reason}`,
+        });
+        if (outcome.status === null) log.warn({ reason: outcome.errorClass }, 'push target refused at delivery time; config stopped');
+        return { kind: 'stopped' };
+      case 'dead':
+        await settle(delivery, {
+          attempt: record('dead'),
+          delivery: { event: 'GIVE_UP', outcome: outcome.attemptsUsed ? `dead: ${record('dead').attempt} attempts` : `dead: receiver answered ${outcome.status}` },
+        });
+        return { kind: 'dead' };
     }
-    const status = result.ok ? result.response.status : null;
-    const errorClass = result.ok ? null : result.failure.class;
-    const retryable = !result.ok || RETRY_STATUSES.has(status!) || (status! >= 300 && status! < 400);
-    if (result.ok && status! >= 200 && status! < 300) {
-      await record('delivered', status, null);
-      await transitionDelivery(pool, delivery.id, 'ACKNOWLEDGED', `delivered: ${status}`);
-      return { kind: 'delivered' };
-    }
-    if (status === 401 || status === 403) {
-      await record('paused', status, null);
-      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'AUTH_FAILED', 'authentication failed');
-      await transitionDelivery(pool, delivery.id, 'RETRY_LATER', `waiting: receiver answered ${status} (authentication failed)`, { retryAt: Date.now() });
-      log.warn({ status }, 'push receiver refused the credential; config paused');
-      return { kind: 'paused' };
-    }
-    if (status === 404 || status === 410) {
-      await record('stopped', status, null);
-      await transitionConfig(pool, delivery.task_id, delivery.config_id, 'STOP', `receiver answered ${status}`);
-      await cancelPendingOfConfig(pool, delivery.task_id, delivery.config_id, `config stopped: receiver answered ${status}`);
-      return { kind: 'stopped' };
-    }
-    if (retryable && number < options.maxAttempts) {
-      const afterMs = retryDelayMs(options, number, status === 429 || status === 503 ? retryAfter(result.ok ? result.response.headers['retry-after'] : undefined) : undefined);
-      await record('retry', status, errorClass);
-      await transitionDelivery(pool, delivery.id, 'RETRY_LATER', `retry ${number + 1} after ${status ?? errorClass}`, { retryAt: Date.now() + afterMs });
-      await queues.ensureJob('push', deliveryJobId(delivery.id, number), { deliveryId: delivery.id }, { delayMs: afterMs });
-      return { kind: 'retry', afterMs };
-    }
-    await record('dead', status, errorClass);
-    await transitionDelivery(pool, delivery.id, 'GIVE_UP', retryable ? `dead: ${number} attempts` : `dead: receiver answered ${status}`);
-    return { kind: 'dead' };
   }
 
   return async (job: Job<{ deliveryId: string }>): Promise<AttemptOutcome | 'skipped' | 'gone'> => {
@@ -192,8 +242,8 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       return 'gone';
     }
     const outcome = await attempt(delivery);
-    if (outcome !== 'skipped' && outcome.kind !== 'retry' && outcome.kind !== 'paused') await wakeNext(delivery, true);
-    else if (outcome === 'skipped') {
+    if (outcome === 'skipped') {
+      // Ended meanwhile by another job (or cancelled with its config): its next one goes.
       const after = await loadDelivery(pool, delivery.id);
       if (after && after.state !== 'pending') await wakeNext(delivery, true);
     }

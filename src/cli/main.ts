@@ -1,7 +1,14 @@
 import { Command, CommanderError } from 'commander';
+import type { StartOptions } from '../runtime/start-keel.js';
 import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
 
-type Register = (program: Command, globals: () => GlobalOptions) => void;
+/**
+ * What only Keel's test harness gives `keel start` (test/support/keel-harness-entry.js calls `main`
+ * with it); the `keel` binary calls `main` without it, so no production start can set it.
+ */
+export type HarnessStartOptions = Pick<StartOptions, 'pushTestTimings'>;
+
+type Register = (program: Command, globals: () => GlobalOptions, harness: HarnessStartOptions) => void;
 
 /**
  * Every top-level command and the module that registers it, in the order `keel --help` lists
@@ -39,7 +46,7 @@ export function commandNameIn(args: readonly string[]): string | undefined {
  * The program with the command `args` names, or with every command when they name none that
  * exists (`keel --help`, a mistyped name: commander then lists them all or suggests one).
  */
-export async function buildProgram(args: readonly string[] = []): Promise<Command> {
+export async function buildProgram(args: readonly string[] = [], harness: HarnessStartOptions = {}): Promise<Command> {
   const program = new Command('keel')
     .description('Keel: a durable Agent2Agent (A2A 1.0) runtime')
     .option('-c, --config <path>', 'config file (default: $KEEL_CONFIG, else ./keel.config.yaml if present)')
@@ -48,13 +55,13 @@ export async function buildProgram(args: readonly string[] = []): Promise<Comman
   const globals = () => program.opts<GlobalOptions>();
   const name = commandNameIn(args);
   const named = COMMANDS.filter((command) => name !== undefined && command.names.includes(name));
-  for (const command of named.length > 0 ? named : COMMANDS) (await command.load())(program, globals);
+  for (const command of named.length > 0 ? named : COMMANDS) (await command.load())(program, globals, harness);
   program.commands.forEach((command) => command.exitOverride());
   return program;
 }
 
-export async function main(argv: readonly string[]): Promise<void> {
-  const program = await buildProgram(argv.slice(2));
+export async function main(argv: readonly string[], harness: HarnessStartOptions = {}): Promise<void> {
+  const program = await buildProgram(argv.slice(2), harness);
   try {
     await program.parseAsync([...argv]);
   } catch (error) {

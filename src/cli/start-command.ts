@@ -2,10 +2,11 @@ import type { Command } from 'commander';
 import { createLogger } from '../log/logger.js';
 import { startKeel } from '../runtime/start-keel.js';
 import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions } from './cli-support.js';
+import type { HarnessStartOptions } from './main.js';
 
 const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, 'card signing': EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
 
-export function registerStartCommand(program: Command, globals: () => GlobalOptions): void {
+export function registerStartCommand(program: Command, globals: () => GlobalOptions, harness: HarnessStartOptions = {}): void {
   program
     .command('start')
     .description('start Keel: migrate, then serve HTTP and run the workers (embedded Postgres without database.url)')
@@ -15,7 +16,7 @@ export function registerStartCommand(program: Command, globals: () => GlobalOpti
       const config = loadConfigOrExit(globals());
       const logger = createLogger();
       const startedAt = Date.now();
-      const result = await startKeel(config, logger, { role: options.role as 'all' | 'api' | 'worker' });
+      const result = await startKeel(config, logger, { role: options.role as 'all' | 'api' | 'worker', ...harness });
       if (!result.ok) throw new CliExit(STAGE_EXIT[result.stage] ?? EXIT.failure, `start failed (${result.stage}): ${result.message}`);
       const { keel } = result;
       logger.info(

@@ -132,8 +132,10 @@ export async function loadDelivery(db: CommonQueryMethods, deliveryId: string): 
     WHERE d.id = ${deliveryId}`);
 }
 
+export type ConfigHead = { id: string; attempts: number; next_attempt_at: number };
+
 /** The next pending delivery of a config (its head), if any. */
-export async function headOfConfig(db: CommonQueryMethods, taskId: string, configId: string): Promise<{ id: string; attempts: number; next_attempt_at: number } | null> {
+export async function headOfConfig(db: CommonQueryMethods, taskId: string, configId: string): Promise<ConfigHead | null> {
   return db.maybeOne(sql.type(z.object({ id: z.string(), attempts: z.number(), next_attempt_at: z.number() }))`
     SELECT id, attempts, next_attempt_at FROM push_deliveries
     WHERE task_id = ${taskId} AND config_id = ${configId} AND state = 'pending'
@@ -142,7 +144,7 @@ export async function headOfConfig(db: CommonQueryMethods, taskId: string, confi
 
 export type AttemptRecord = { attempt: number; startedAt: number; durationMs: number; statusCode: number | null; outcome: string; errorClass: string | null };
 
-export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, record: AttemptRecord): Promise<void> {
+async function recordAttempt(db: CommonQueryMethods, deliveryId: string, record: AttemptRecord): Promise<void> {
   await db.query(sql.unsafe`
     INSERT INTO push_attempts (delivery_id, attempt, started_at, duration_ms, status_code, outcome, error_class)
     VALUES (${deliveryId}, ${record.attempt}, ${sql.timestamp(new Date(record.startedAt))}, ${record.durationMs}, ${record.statusCode},
@@ -153,48 +155,98 @@ export async function recordAttempt(db: CommonQueryMethods, deliveryId: string, 
 export type BegunAttempt =
   | { kind: 'begun'; attempt: number; startedAt: number }
   | { kind: 'past_deadline' }
+  /** Its attempts are used up (a worker died after counting the last one, or push.maxAttempts was lowered). */
+  | { kind: 'attempts_used'; attempts: number }
   /** Not pending, or not due yet (a lease of another attempt, a retry time ahead). */
   | { kind: 'not_due' }
   /** Its config is paused, stopped or deleted: nothing is sent, whatever the caller read before. */
   | { kind: 'config_not_active' };
 
-const begunRow = z.object({ past_deadline: z.boolean(), config_not_active: z.boolean(), attempts: z.number().nullable(), started_at: z.number() });
+const begunRow = z.object({
+  past_deadline: z.boolean(),
+  config_not_active: z.boolean(),
+  counted: z.number(),
+  attempts: z.number().nullable(),
+  started_at: z.number(),
+});
 
 /**
  * Counts an attempt before it is made (a worker killed mid-POST still used that attempt) and leases
  * the delivery for `leaseMs`: only a due delivery can begin, so a second wake-up (the sweeper, a
  * stalled job run again) never starts a second request while one is in flight. The attempt's
  * outcome replaces the lease; a worker that died leaves it to expire, and the delivery is retried.
- * The deadline is checked here too, on the database's clock, and the attempt starts at the
- * transaction's time: never past the deadline, however long the worker took since its own check
- * (and whatever the skew between the worker's clock and the database's).
  *
- * The config's state is checked here as well, in the same statement: a worker that read the config
- * active and was then held up (a second job of the delivery, a wait for a connection) while another
- * attempt paused or stopped it must not send. The pause commits before the paused delivery is made
- * due again, so this statement sees one or the other.
+ * Everything that decides whether the attempt may begin is checked in this one statement, on the
+ * database's clock read once the delivery's row is locked (clock_timestamp(), not now(): the
+ * caller's transaction may have waited for the event's row lock since it began), and the attempt
+ * starts at that moment:
+ * - the deadline: never begun past it, however long the worker took since it read the delivery
+ *   (and whatever the skew between the worker's clock and the database's);
+ * - the attempts: a delivery that has used `maxAttempts` is never begun again, whether its last
+ *   attempt's worker died or a pause and a resume came between;
+ * - the config's state: a worker that read the config active and was then held up (a second job of
+ *   the delivery, a wait for a connection) while another attempt paused or stopped it must not
+ *   send. The pause commits with its attempt's outcome, before the paused delivery is due again, so
+ *   this statement sees one or the other.
  */
-export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, leaseMs: number): Promise<BegunAttempt> {
+export async function beginAttempt(db: CommonQueryMethods, deliveryId: string, options: { leaseMs: number; maxAttempts: number }): Promise<BegunAttempt> {
   const row = await db.maybeOne(sql.type(begunRow)`
-    WITH due AS (
-      SELECT d.id, d.deadline <= now() AS past_deadline, (c.state <> 'active' OR c.deleted_at IS NOT NULL) AS config_not_active
+    WITH locked AS (
+      SELECT d.id, d.attempts AS counted, d.deadline, (c.state <> 'active' OR c.deleted_at IS NOT NULL) AS config_not_active
       FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id
-      WHERE d.id = ${deliveryId} AND d.state = 'pending' AND d.next_attempt_at <= now() + interval '50 milliseconds'
+      WHERE d.id = ${deliveryId} AND d.state = 'pending' AND d.next_attempt_at <= statement_timestamp() + interval '50 milliseconds'
       FOR UPDATE OF d),
+    -- The clock is read once the row is locked (a volatile function: this is evaluated once, after
+    -- locked), so not even a wait for another attempt's lock on the row comes between the deadline
+    -- check and the attempt's start.
+    due AS (
+      SELECT locked.*, clock_timestamp() AS at FROM locked),
     begun AS (
-      UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = now(),
-        next_attempt_at = now() + ${sql.interval({ seconds: leaseMs / 1000 })}
-      FROM due WHERE d.id = due.id AND NOT due.past_deadline AND NOT due.config_not_active
+      UPDATE push_deliveries d SET attempts = d.attempts + 1, updated_at = due.at,
+        next_attempt_at = due.at + ${sql.interval({ seconds: options.leaseMs / 1000 })}
+      FROM due WHERE d.id = due.id AND due.deadline > due.at AND NOT due.config_not_active AND due.counted < ${options.maxAttempts}
       RETURNING d.attempts)
-    SELECT due.past_deadline, due.config_not_active, (SELECT attempts FROM begun) AS attempts,
-      (extract(epoch FROM now()) * 1000)::float8 AS started_at FROM due`);
+    SELECT due.deadline <= due.at AS past_deadline, due.config_not_active, due.counted, (SELECT attempts FROM begun) AS attempts,
+      (extract(epoch FROM due.at) * 1000)::float8 AS started_at FROM due`);
   if (row === null) return { kind: 'not_due' };
   if (row.config_not_active) return { kind: 'config_not_active' };
-  if (row.past_deadline || row.attempts === null) return { kind: 'past_deadline' };
+  if (row.past_deadline) return { kind: 'past_deadline' };
+  if (row.attempts === null) return { kind: 'attempts_used', attempts: row.counted };
   return { kind: 'begun', attempt: row.attempts, startedAt: row.started_at };
 }
 
-export async function transitionDelivery(
+/**
+ * What one outcome writes, all of it in one transaction (recordOutcome): the attempt's row, the
+ * config's transition (paused, stopped) with the cancellation of its pending deliveries, and the
+ * delivery's own transition.
+ */
+export type OutcomeWrite = {
+  attempt?: AttemptRecord;
+  config?: { event: 'AUTH_FAILED' | 'STOP'; reason: string };
+  /** Every pending delivery of the config (this one included) is cancelled with this outcome. */
+  cancelPending?: string;
+  delivery?: { event: DeliveryEvent['type']; outcome: string; retryAt?: number };
+};
+
+/**
+ * Records one outcome in one transaction, and reads the config's head as that transaction leaves
+ * it (the delivery to wake next: this one again after a retry, the next one after an end).
+ */
+export async function recordOutcome(
+  db: CommonQueryMethods,
+  delivery: { id: string; taskId: string; configId: string },
+  write: OutcomeWrite,
+): Promise<ConfigHead | null> {
+  return db.transaction(async (transaction) => {
+    if (write.attempt) await recordAttempt(transaction, delivery.id, write.attempt);
+    if (write.config) await transitionConfig(transaction, delivery.taskId, delivery.configId, write.config.event, write.config.reason);
+    if (write.delivery) await transitionDelivery(transaction, delivery.id, write.delivery.event, write.delivery.outcome, write.delivery);
+    if (write.cancelPending !== undefined) await cancelPendingOfConfig(transaction, delivery.taskId, delivery.configId, write.cancelPending);
+    return headOfConfig(transaction, delivery.taskId, delivery.configId);
+  });
+}
+
+async function transitionDelivery(
   db: CommonQueryMethods,
   deliveryId: string,
   event: DeliveryEvent['type'],

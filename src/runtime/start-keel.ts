@@ -38,7 +38,7 @@ import { writePathFor } from '../writes/write-path.js';
 import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
-import { deliveryOptionsFor } from '../push/delivery-options.js';
+import { deliveryOptionsFor, type PushTestTimings } from '../push/delivery-options.js';
 import type { KeelContext } from '../context/keel-context.js';
 import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
@@ -82,6 +82,12 @@ export type StartOptions = {
   notice?: (text: string) => void;
   /** Skip the HTTP listener (workers only). */
   listen?: boolean;
+  /**
+   * Push timings beyond the configuration's bounds, for Keel's own test suites only: passed by the
+   * test harness's starters, never read from a file, the environment or `keel start`'s arguments
+   * (docs/decisions/0052-push-attempts-capped-and-test-timings-by-the-harness.md).
+   */
+  pushTestTimings?: PushTestTimings;
 };
 
 export type StartResult = { ok: true; keel: KeelInstance } | { ok: false; stage: string; message: string };
@@ -241,7 +247,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     runs.on('drained', () => runExecutor.queueDrained());
     runsWorker = runs;
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
-    const delivery = deliveryOptionsFor(config.push, env);
+    const delivery = deliveryOptionsFor(config.push, options.pushTestTimings);
     for (const warning of delivery.warnings) logger.warn(warning);
     queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options), { concurrency: config.push.concurrency });
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });

@@ -35,7 +35,7 @@ let answer401 = 401;
 
 beforeAll(async () => {
   // A push timeout far above the receivers' hold (below), so a held answer is never a timeout.
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_TEST_PUSH_TIMEOUT_SECONDS: '15' } });
+  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_TIMEOUT_SECONDS: '15' } });
   env = cleanEnv(cliEnvFor(keel));
   clientToken = await newClientToken(keel.context.pool);
   // The 401 and the 410 come once the task has ended: its three events each have a delivery then.

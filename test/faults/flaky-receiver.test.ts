@@ -11,7 +11,7 @@ import { useFaultSuite } from './support/suite.js';
 // slow within it; the rest answer 200 at once. 240 tasks on one `all` process, each with a push
 // config: every journal event must still be acknowledged at least once, in journal order per
 // config. Attempts per delivery are raised to 30 (default and maximum of push.maxAttempts: 8, so
-// through the test-only KEEL_TEST_PUSH_MAX_ATTEMPTS) so that a delivery's run of bad luck
+// through the harness's test-only push timings, which only a test's start can pass) so that a delivery's run of bad luck
 // (0.5^8 ≈ 0.4 % per delivery, over ~700 deliveries) does not end it as dead.
 
 const flaky = (): ReceiverAction => {
@@ -30,7 +30,7 @@ describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () 
     'resets, 503s and slow answers: every event arrives, in order per config',
     async () => {
       const { receiver } = suite;
-      const installation = await suite.install({ env: { KEEL_TEST_PUSH_MAX_ATTEMPTS: '30', KEEL_PUSH_CONCURRENCY: '32' } });
+      const installation = await suite.install({ env: { KEEL_PUSH_CONCURRENCY: '32' }, pushTestTimings: { maxAttempts: 30 } });
       await installation.addNode('all');
       const startedAt = Date.now();
       const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 240, ratePerSecond: 40, maxInFlight: 60, pushUrl: receiver.url, expected: expectedEcho });

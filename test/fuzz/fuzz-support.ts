@@ -87,11 +87,11 @@ export async function startFuzzKeel(overrides: Record<string, unknown> = {}): Pr
   const { logger, errors } = recordingLogger();
   const keel = await startTestKeel({
     logger,
+    pushTestTimings: { timeoutSeconds: 1 },
     overrides: {
       KEEL_SERVER_BODY_LIMIT_BYTES: String(BODY_LIMIT),
       KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '127.0.0.1',
       KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HTTP: 'true',
-      KEEL_TEST_PUSH_TIMEOUT_SECONDS: '1',
       KEEL_PROVIDERS: { echo: { type: 'echo' } },
       KEEL_AGENTS: [{ id: 'echo', name: 'Echo', provider: 'echo', privacy: { answerLevel: 'full' } }],
       ...overrides,

@@ -1,9 +1,12 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import type { HarnessStartOptions } from '../../src/cli/main.js';
 import { SUITE_WRITE_PATH_ENV } from './suite-write-path.js';
 
 export const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const KEEL_BIN = fileURLToPath(new URL('../../bin/keel.js', import.meta.url));
+/** `keel` started by the harness (keel-harness-entry.js): the same program, plus what only tests may pass it. */
+export const KEEL_HARNESS_ENTRY = fileURLToPath(new URL('./keel-harness-entry.js', import.meta.url));
 
 export type KeelProcess = {
   child: ChildProcess;
@@ -20,8 +23,13 @@ export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv 
   return { ...env, KEEL_LOG_LEVEL: 'info', ...SUITE_WRITE_PATH_ENV, ...extra };
 }
 
-export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): KeelProcess {
-  const child = spawn(process.execPath, [KEEL_BIN, ...args], { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * A `keel` child. With `harness` (test push timings), it runs through the harness's entry, which
+ * hands them to `keel start` as an argument: no environment variable or flag of `keel` carries them.
+ */
+export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv; harness?: HarnessStartOptions }): KeelProcess {
+  const command = options.harness ? [KEEL_HARNESS_ENTRY, JSON.stringify(options.harness), ...args] : [KEEL_BIN, ...args];
+  const child = spawn(process.execPath, command, { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
   const waiters: Array<{ match: (line: Record<string, unknown>) => boolean; resolve: (line: Record<string, unknown>) => void }> = [];
   const onLine = (line: string) => {

@@ -15,7 +15,6 @@ export const LOOPBACK_PUSH_OVERRIDES: Record<string, unknown> = {
   KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HTTP: 'true',
   KEEL_PUSH_RETRY_BASE_SECONDS: '0.05',
   KEEL_PUSH_RETRY_MAX_SECONDS: '0.5',
-  KEEL_TEST_PUSH_TIMEOUT_SECONDS: '2',
 };
 
 export type AdminSession = { token: string; cookie: string; csrf: string };

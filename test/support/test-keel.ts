@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { loadConfig, type KeelConfig } from '../../src/config/load-config.js';
 import { silentLogger, type KeelLogger } from '../../src/log/logger.js';
 import { encodeMasterKey, generateMasterKey } from '../../src/sealing/master-key.js';
+import type { PushTestTimings } from '../../src/push/delivery-options.js';
 import { startKeel, type KeelInstance, type StartOptions } from '../../src/runtime/start-keel.js';
 import { createEmptyDatabase } from './test-database.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from './test-queues.js';
@@ -50,17 +51,24 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
 }
 
 export async function startTestKeel(
-  options: { env?: Record<string, string>; overrides?: Record<string, unknown>; logger?: KeelLogger; start?: StartOptions; databaseUrl?: string } = {},
+  options: {
+    env?: Record<string, string>;
+    overrides?: Record<string, unknown>;
+    logger?: KeelLogger;
+    start?: StartOptions;
+    databaseUrl?: string;
+    /** Push timings beyond the configuration's bounds (src/push/delivery-options.ts): only a test's start can pass them. */
+    pushTestTimings?: PushTestTimings;
+  } = {},
 ): Promise<TestKeel> {
   const database = options.databaseUrl ? null : await createEmptyDatabase();
   const databaseUrl = options.databaseUrl ?? database!.url;
   const masterKey = options.env?.KEEL_MASTER_KEY ?? encodeMasterKey(generateMasterKey());
   const config = testConfig(databaseUrl, options.overrides, options.env);
   const started = await startKeel(config, options.logger ?? silentLogger(), {
-    // The overrides reach startKeel's environment too: test-only knobs that are not config keys
-    // (src/push/delivery-options.ts) are read there.
     env: { ...stringValues(options.overrides ?? {}), ...options.env, KEEL_MASTER_KEY: masterKey },
     notice: () => undefined,
+    ...(options.pushTestTimings ? { pushTestTimings: options.pushTestTimings } : {}),
     ...options.start,
   });
   if (!started.ok) {

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll } from 'vitest';
+import type { PushTestTimings } from '../../../src/push/delivery-options.js';
 import { BACKEND, Installation } from './installation.js';
 import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver, type ReceiverAction } from './peers.js';
 import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './services.js';
@@ -32,7 +33,7 @@ export type FaultSuite = {
   readonly model: FakeModel;
   readonly receiver: PushReceiver;
   /** A new installation on the suite's services (or on `redis` when given), disposed after the file. */
-  install: (options?: { env?: Record<string, string>; redis?: PrivateRedis }) => Promise<Installation>;
+  install: (options?: { env?: Record<string, string>; redis?: PrivateRedis; pushTestTimings?: PushTestTimings }) => Promise<Installation>;
   /** One more private Redis, stopped after the file. */
   startRedis: () => Promise<PrivateRedis>;
 };
@@ -92,6 +93,7 @@ export function useFaultSuite(options: FaultSuiteOptions): FaultSuite {
         redis: installOptions.redis ?? suiteRedis,
         model: started(model, 'model'),
         ...(installOptions.env ? { env: installOptions.env } : {}),
+        ...(installOptions.pushTestTimings ? { pushTestTimings: installOptions.pushTestTimings } : {}),
       });
       installations.push(installation);
       return installation;

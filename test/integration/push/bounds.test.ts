@@ -6,6 +6,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   configState,
   deliveriesOf,
   journalOf,
@@ -51,7 +52,7 @@ let token = '';
 let receiver: Receiver;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides });
   token = await newClientToken(keel.context.pool);
 });
 afterAll(async () => {
@@ -132,7 +133,7 @@ describe('bounds in total', () => {
 
   it('over push.maxPendingTotal the oldest coalescible status events go first; artifacts and the terminal event stay', async () => {
     await keel.stop();
-    other = await startTestKeel({ overrides: { ...overrides, KEEL_PUSH_MAX_PENDING_PER_CONFIG: '1000', KEEL_PUSH_MAX_PENDING_TOTAL: '4' } });
+    other = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...overrides, KEEL_PUSH_MAX_PENDING_PER_CONFIG: '1000', KEEL_PUSH_MAX_PENDING_TOTAL: '4' } });
     const otherToken = await newClientToken(other.context.pool);
     const paused = await startReceiver(() => ({ status: 401 }));
     try {

@@ -4,6 +4,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   answerAfterTerminalEvent,
   attemptsOf,
   configState,
@@ -32,7 +33,7 @@ let token = '';
 const receivers: Receiver[] = [];
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES } });
   token = await newClientToken(keel.context.pool);
 });
 afterAll(async () => {

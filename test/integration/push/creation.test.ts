@@ -8,6 +8,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   attemptsOf,
   configState,
   createPushConfigRpc,
@@ -48,7 +49,7 @@ describe('the authentication scheme at creation', () => {
   let receiver: Receiver;
 
   beforeAll(async () => {
-    keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+    keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES } });
     token = await newClientToken(keel.context.pool);
     receiver = await startReceiver();
     receivers.push(receiver);
@@ -113,7 +114,7 @@ describe('a duplicate config id', () => {
   let token = '';
 
   beforeAll(async () => {
-    keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+    keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES } });
     token = await newClientToken(keel.context.pool);
   });
   afterAll(async () => keel?.dispose());
@@ -156,6 +157,7 @@ describe('a duplicate config id embedded in a follow-up SendMessage', () => {
 
   beforeAll(async () => {
     keel = await startTestKeel({
+      pushTestTimings: PUSH_TEST_TIMINGS,
       overrides: {
         ...PUSH_TEST_OVERRIDES,
         KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
@@ -210,7 +212,7 @@ describe('a config stored earlier with another scheme', () => {
     const prefix = `ktscheme${Math.random().toString(16).slice(2, 10)}`;
     const env = { KEEL_MASTER_KEY: masterKey, KEEL_QUEUE_PREFIX: prefix };
     // Keel A runs no workers (role api): the configs are written, nothing is attempted yet.
-    creator = await startTestKeel({ databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES }, start: { role: 'api' } });
+    creator = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES }, start: { role: 'api' } });
     const token = await newClientToken(creator.context.pool);
     const { taskId } = await sendWithPush(creator.url, token, 'echo', 'legacy scheme', {
       id: 'legacy',
@@ -223,7 +225,7 @@ describe('a config stored earlier with another scheme', () => {
     await creator.dispose();
     creator = undefined;
 
-    deliverer = await startTestKeel({ databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES } });
+    deliverer = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES } });
     const pool = deliverer.context.pool;
     await waitForSettled(pool, taskId);
     const state = await waitFor(async () => {

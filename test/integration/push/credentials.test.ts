@@ -8,6 +8,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   capturingLogger,
   configState,
   createPushConfigRpc,
@@ -37,7 +38,7 @@ let token = '';
 let receiver: Receiver;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES }, logger: captured.logger });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES }, logger: captured.logger });
   token = await newClientToken(keel.context.pool);
 });
 afterAll(async () => {

@@ -7,6 +7,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   attemptsOf,
   configState,
   deliveriesOf,
@@ -15,6 +16,7 @@ import {
   sleep,
   startReceiver,
   waitForSettled,
+  waitForTerminalEvent,
   type Receiver,
 } from './push-support.js';
 
@@ -33,7 +35,7 @@ afterEach(async () => {
 });
 
 async function startKeelWithDeadline(overrides: Record<string, unknown> = {}): Promise<TestKeel> {
-  const keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_DEADLINE_HOURS: String(DEADLINE_SECONDS / 3600), ...overrides } });
+  const keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_DEADLINE_HOURS: String(DEADLINE_SECONDS / 3600), ...overrides } });
   keels.push(keel);
   return keel;
 }
@@ -91,26 +93,86 @@ describe('push.deadlineHours', () => {
     const { taskId } = await sendWithPush(keel.url, token, 'echo', 'unavailable', { id: 'busy', url: receiver.url });
     const pool = keel.context.pool;
     const settled = await waitForSettled(pool, taskId);
-    expect(settled.map((row) => row.state)).toEqual(settled.map(() => 'expired'));
+    expect(settled.map((row) => [row.state, row.last_outcome])).toEqual(settled.map(() => ['expired', 'expired: past its deadline']));
     const rows = await deadlines(keel, taskId);
-    const first = settled[0]!;
-    const attempts = await attemptsOf(pool, first.id);
-    expect(attempts.length).toBeGreaterThanOrEqual(2);
-    expect(attempts.length).toBeLessThan(8);
-    expect(attempts.every((attempt) => attempt.status_code === 503 && attempt.outcome === 'retry')).toBe(true);
-    const deadline = rows.find((row) => row.id === first.id)!.deadline;
-    for (const attempt of attempts) expect(attempt.started_at).toBeLessThanOrEqual(deadline);
-    // The events behind the head wait for it (nothing of theirs is sent while it is pending), then
-    // go once it has expired, each only inside its own deadline. Their deadlines are milliseconds
-    // after the head's, so they mostly expire without a request.
-    const requested = receiver.requests.map((request) => request.deliveryId);
-    const lastOfHead = requested.lastIndexOf(first.id);
-    expect(requested.slice(0, lastOfHead).every((id) => id === first.id)).toBe(true);
-    for (const behind of settled.slice(1)) {
-      const own = rows.find((row) => row.id === behind.id)!.deadline;
-      for (const attempt of await attemptsOf(pool, behind.id)) expect(attempt.started_at).toBeLessThanOrEqual(own);
+    // Per delivery, whichever event is at the head when: every attempt began inside the delivery's
+    // own deadline and was retried (never dead: fewer than 8), and its requests came after every
+    // request of the deliveries ahead of it (journal order: the events behind a retrying head wait).
+    let lastAhead = -1;
+    for (const delivery of settled) {
+      const own = rows.find((row) => row.id === delivery.id)!.deadline;
+      const attempts = await attemptsOf(pool, delivery.id);
+      expect(attempts.length).toBeLessThan(8);
+      for (const attempt of attempts) {
+        expect(attempt.started_at).toBeLessThanOrEqual(own);
+        expect([attempt.status_code, attempt.outcome]).toEqual([503, 'retry']);
+      }
+      const indexes = receiver.byDelivery(delivery.id).map((request) => request.index);
+      expect(indexes).toHaveLength(attempts.length);
+      if (indexes.length === 0) continue;
+      expect(Math.min(...indexes)).toBeGreaterThan(lastAhead);
+      lastAhead = Math.max(...indexes);
     }
-    expect(requested.every((id) => settled.some((row) => row.id === id))).toBe(true);
+    // The head was retried until its deadline (a backoff of about a second, a deadline of three).
+    expect((await attemptsOf(pool, settled[0]!.id)).length).toBeGreaterThanOrEqual(2);
+  });
+
+  it("an attempt that waits for its event row past its delivery's deadline is not begun: the head expires, the deliveries behind it keep their own deadlines and go in order", async () => {
+    const keel = await startKeelWithDeadline({ KEEL_PUSH_DEADLINE_HOURS: '1' });
+    const token = await newClientToken(keel.context.pool);
+    const receiver = await startReceiver((request) => ({ status: request.index === 0 ? 401 : 200 }));
+    receivers.push(receiver);
+    const { taskId } = await sendWithPush(keel.url, token, 'echo', 'held', { id: 'held', url: receiver.url });
+    const pool = keel.context.pool;
+    await waitForTerminalEvent(pool, taskId);
+    await waitFor(async () => (await configState(pool, taskId, 'held'))?.state === 'paused', 'the config to pause');
+    const [head, ...behind] = await deliveriesOf(pool, taskId);
+    expect(behind.length).toBeGreaterThanOrEqual(1);
+    // The head has a few seconds left; the deliveries behind it an hour, their own deadlines.
+    await pool.query(sql.unsafe`UPDATE push_deliveries SET deadline = now() + interval '3 seconds' WHERE id = ${head!.id}`);
+    const rows = await deadlines(keel, taskId);
+    const deadlineOf = (id: string) => rows.find((row) => row.id === id)!.deadline;
+
+    // A tightening of the answer ceiling holds the head's journal row (FOR UPDATE) while the
+    // resumed worker begins the head's attempt: it checked the deadline (inside it) and waits for
+    // the row; the row is released only after the deadline has passed.
+    let locked!: () => void;
+    let release!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const holder = pool.transaction(async (transaction) => {
+      await transaction.query(sql.unsafe`SELECT 1 FROM a2a_events WHERE task_id = ${taskId} AND sequence = ${head!.event_sequence} FOR UPDATE`);
+      locked();
+      await released;
+    });
+    await isLocked;
+    expect(await resumePushConfig(keel.context, taskId, 'held')).toMatchObject({ ok: true });
+    await waitFor(
+      () =>
+        pool.oneFirst(sql.type(z.object({ waiting: z.boolean() }))`
+          SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+            AND query LIKE '%FROM a2a_events%FOR SHARE%') AS waiting`),
+      "the head's attempt to wait for its event row",
+      10_000,
+    );
+    const blockedAt = Date.now();
+    await sleep(Math.max(0, deadlineOf(head!.id) - Date.now()) + 300);
+    release();
+    await holder;
+    // The attempt was waiting before the deadline: what follows is the statement's decision.
+    expect(blockedAt).toBeLessThan(deadlineOf(head!.id));
+
+    const settled = await waitForSettled(pool, taskId);
+    // Per delivery: the head expired with its one pre-pause attempt; each delivery behind it was
+    // delivered inside its own deadline, in journal order after the head ended.
+    expect(settled[0]).toMatchObject({ id: head!.id, state: 'expired', last_outcome: 'expired: past its deadline', attempts: 1 });
+    expect(receiver.byDelivery(head!.id)).toHaveLength(1);
+    for (const row of settled) {
+      for (const attempt of await attemptsOf(pool, row.id)) expect(attempt.started_at).toBeLessThanOrEqual(deadlineOf(row.id));
+      for (const request of receiver.byDelivery(row.id)) expect(request.at).toBeLessThanOrEqual(deadlineOf(row.id));
+    }
+    expect(settled.slice(1).map((row) => [row.id, row.state])).toEqual(behind.map((row) => [row.id, 'delivered']));
+    expect(receiver.requests.slice(1).map((request) => request.deliveryId)).toEqual(behind.map((row) => row.id));
   });
 
   /** A task whose config `configId` paused on a 401; its head delivery waits, attempted once. */
@@ -137,7 +199,7 @@ describe('push.deadlineHours', () => {
     const beginWhileActive = (leaseMs: number) =>
       pool.transaction(async (transaction) => {
         await transaction.query(sql.unsafe`UPDATE push_configs SET state = 'active' WHERE task_id = ${taskId} AND id = 'clock'`);
-        const outcome = await beginAttempt(transaction, head!.id, leaseMs);
+        const outcome = await beginAttempt(transaction, head!.id, { leaseMs, maxAttempts: 8 });
         await transaction.query(sql.unsafe`UPDATE push_configs SET state = 'paused' WHERE task_id = ${taskId} AND id = 'clock'`);
         return outcome;
       });
@@ -169,12 +231,12 @@ describe('push.deadlineHours', () => {
     const before = await counted();
     // Paused (its 401 made it due again at once, as the worker does): not begun, nothing counted.
     await pool.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now() WHERE id = ${head!.id}`);
-    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, 60_000))).toEqual({ kind: 'config_not_active' });
+    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, { leaseMs: 60_000, maxAttempts: 8 }))).toEqual({ kind: 'config_not_active' });
     for (const change of [sql.fragment`state = 'stopped'`, sql.fragment`state = 'active', deleted_at = now()`]) {
       // Each change and the attempt in one transaction, so the worker never sees the config active.
       const outcome = await pool.transaction(async (transaction) => {
         await transaction.query(sql.unsafe`UPDATE push_configs SET ${change} WHERE task_id = ${taskId} AND id = 'meanwhile'`);
-        return beginAttempt(transaction, head!.id, 60_000);
+        return beginAttempt(transaction, head!.id, { leaseMs: 60_000, maxAttempts: 8 });
       });
       expect(outcome).toEqual({ kind: 'config_not_active' });
     }

@@ -13,8 +13,8 @@ let keel: TestKeel;
 let receiver: Receiver;
 
 beforeAll(async () => {
-  const overrides = Object.fromEntries(Object.entries(PUSH_TEST_OVERRIDES).filter(([key]) => !key.includes('TIMEOUT')));
-  keel = await startTestKeel({ overrides });
+  // No test timings: the configuration's default timeout.
+  keel = await startTestKeel({ overrides: PUSH_TEST_OVERRIDES });
   // Only the very first request hangs (the first delivery's first attempt); everything else is answered.
   receiver = await startReceiver((request) => (request.index === 0 ? 'hang' : { status: 200 }));
 });

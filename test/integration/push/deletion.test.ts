@@ -26,7 +26,7 @@ const receivers: Receiver[] = [];
 
 beforeAll(async () => {
   // A long timeout, so that the request held by the receiver is in flight when the config goes.
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_TEST_PUSH_TIMEOUT_SECONDS: '10' } });
+  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_TIMEOUT_SECONDS: '10' } });
   token = await newClientToken(keel.context.pool);
 });
 afterAll(async () => {

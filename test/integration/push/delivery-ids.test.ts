@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { deliveryIdOf } from '../../../src/push/delivery-id.js';
 import { projectRun } from '../../../src/tasks/task-projector.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
-import { PUSH_TEST_OVERRIDES, deliveriesOf, newClientToken, sendWithPush, startReceiver, waitForSettled, type Receiver } from './push-support.js';
+import { PUSH_TEST_OVERRIDES, PUSH_TEST_TIMINGS, deliveriesOf, newClientToken, sendWithPush, startReceiver, waitForSettled, type Receiver } from './push-support.js';
 
 // Nothing a remote party can see is committed asynchronously, and an event projected twice reaches
 // a receiver under one id. The journal's transaction NOTIFYs waiters and makes deliveries due: it
@@ -18,7 +18,7 @@ let receiver: Receiver;
 let token: string;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides: PUSH_TEST_OVERRIDES });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: PUSH_TEST_OVERRIDES });
   receiver = await startReceiver();
   token = await newClientToken(keel.context.pool);
   // Every statement that writes journal rows or deliveries records the commit mode of its

@@ -8,6 +8,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   attemptsOf,
   configState,
   createPushConfigRpc,
@@ -61,7 +62,7 @@ describe('at creation', () => {
   let strictToken = '';
 
   beforeAll(async () => {
-    strict = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES, KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '' } });
+    strict = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES, KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '' } });
     strictToken = await newClientToken(strict.context.pool);
   });
   afterAll(async () => strict?.dispose());
@@ -112,6 +113,7 @@ describe('at delivery', () => {
     const prefix = `ktguard${Math.random().toString(16).slice(2, 10)}`;
     const env = { KEEL_MASTER_KEY: masterKey, KEEL_QUEUE_PREFIX: prefix };
     creator = await startTestKeel({
+      pushTestTimings: PUSH_TEST_TIMINGS,
       databaseUrl: database.url,
       env,
       overrides: { ...PUSH_TEST_OVERRIDES, KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '127.0.0.1,10.0.0.1,169.254.169.254,::1,::ffff:127.0.0.1,localhost' },
@@ -144,7 +146,7 @@ describe('at delivery', () => {
       expect(check.ok, `${target.name} must be refused before any connection`).toBe(false);
       if (!check.ok) expect(check.refusal.reason).toBe(target.reason);
     }
-    deliverer = await startTestKeel({ databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES, KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '' } });
+    deliverer = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, databaseUrl: database.url, env, overrides: { ...PUSH_TEST_OVERRIDES, KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '' } });
     const pool = deliverer.context.pool;
     await waitForSettled(pool, taskId);
     for (const [index, target] of targets.entries()) {
@@ -172,7 +174,7 @@ describe('at delivery', () => {
 describe('allowHosts and redirects', () => {
   let keel: TestKeel;
   beforeAll(async () => {
-    keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+    keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES } });
   });
   afterAll(async () => keel?.dispose());
 

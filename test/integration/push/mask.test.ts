@@ -8,7 +8,7 @@ import { MIGRATIONS_DIR } from '../../../src/db/migrate.js';
 import { listPushConfigSummaries, maskCredential } from '../../../src/push/push-admin.js';
 import { adminSession } from '../../support/operator-ui.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
-import { PUSH_TEST_OVERRIDES, createPushConfigRpc, newClientToken, rpc, sendWithPush, startReceiver, waitForTerminalEvent, type Receiver } from './push-support.js';
+import { PUSH_TEST_OVERRIDES, PUSH_TEST_TIMINGS, createPushConfigRpc, newClientToken, rpc, sendWithPush, startReceiver, waitForTerminalEvent, type Receiver } from './push-support.js';
 
 // The mask of push secrets: the scheme and the last four characters (`Bearer …WXYZ`, token
 // `…QRST`), except for a secret of eight characters or fewer, which keeps no hint at all: its
@@ -20,7 +20,7 @@ let token = '';
 let receiver: Receiver;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides: { ...PUSH_TEST_OVERRIDES } });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides: { ...PUSH_TEST_OVERRIDES } });
   token = await newClientToken(keel.context.pool);
   receiver = await startReceiver();
 });

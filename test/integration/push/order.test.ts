@@ -4,6 +4,7 @@ import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   createPushConfigRpc,
   deliveriesOf,
   journalOf,
@@ -45,7 +46,7 @@ let token = '';
 let receiver: Receiver;
 
 beforeAll(async () => {
-  keel = await startTestKeel({ overrides });
+  keel = await startTestKeel({ pushTestTimings: PUSH_TEST_TIMINGS, overrides });
   token = await newClientToken(keel.context.pool);
 });
 afterAll(async () => {

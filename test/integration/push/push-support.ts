@@ -6,6 +6,7 @@ import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { createClient } from '../../../src/auth/client-repository.js';
 import type { KeelLogger } from '../../../src/log/logger.js';
+import type { PushTestTimings } from '../../../src/push/delivery-options.js';
 import type { Sealer } from '../../../src/sealing/sealer.js';
 import { readJournal, type JournalEvent } from '../../../src/tasks/journal.js';
 import { rawRpc, type WireResponse } from '../../support/a2a-wire.js';
@@ -22,11 +23,13 @@ export const PUSH_TEST_OVERRIDES: Record<string, unknown> = {
   KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: LOOPBACK,
   KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HTTP: 'true',
   KEEL_MAINTENANCE_SWEEP_SECONDS: '0.5',
-  KEEL_TEST_PUSH_TIMEOUT_SECONDS: '0.5',
   KEEL_PUSH_RETRY_BASE_SECONDS: '0.02',
   KEEL_PUSH_RETRY_MAX_SECONDS: '2',
   KEEL_PUSH_MAX_ATTEMPTS: '8',
 };
+
+/** The push timeout the push tests run with (0.5 s, below the configuration's 10-30 s): passed to startKeel by the harness. */
+export const PUSH_TEST_TIMINGS: PushTestTimings = { timeoutSeconds: 0.5 };
 
 // ---------------------------------------------------------------------------------------------
 // Receivers

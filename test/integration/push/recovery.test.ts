@@ -7,6 +7,7 @@ import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/te
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
+  PUSH_TEST_TIMINGS,
   attemptsOf,
   deliveriesOf,
   journalOf,
@@ -65,6 +66,7 @@ describe('queue lost', () => {
   // Keel's own database, and losing them means losing the outbox rows too.
   it.skipIf(QUEUE !== 'redis')("this Keel's Redis keys deleted while deliveries are pending: all are still delivered", async () => {
     const keel = await startTestKeel({
+      pushTestTimings: PUSH_TEST_TIMINGS,
       overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PUSH_RETRY_BASE_SECONDS: '1', KEEL_PUSH_RETRY_MAX_SECONDS: '1' },
     });
     keels.push(keel);
@@ -107,17 +109,20 @@ describe('worker killed', () => {
       KEEL_QUEUE_PREFIX: prefix,
       ...(QUEUE === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       ...Object.fromEntries(Object.entries(PUSH_TEST_OVERRIDES).map(([key, value]) => [key, String(value)])),
-      // Long enough that the held request is still in flight when the worker is killed (the test
-      // first waits for the task to end); the attempt's lease (2 × timeout + 1 s) then decides
-      // when it is tried again.
-      KEEL_TEST_PUSH_TIMEOUT_SECONDS: '4',
     };
     const token = await newClientToken(database.pool);
 
     let killed = false;
     const receiver = await startReceiver((request) => (request.index === 0 ? 'hang' : { status: 200 }));
     receivers.push(receiver);
-    const child = spawnKeel(['start'], { cwd: tempDir('keel-push-kill-cwd-'), env: cleanEnv({ ...TEST_POOL_ENV, ...env }) });
+    const child = spawnKeel(['start'], {
+      cwd: tempDir('keel-push-kill-cwd-'),
+      env: cleanEnv({ ...TEST_POOL_ENV, ...env }),
+      // A timeout long enough that the held request is still in flight when the worker is killed
+      // (the test first waits for the task to end); the attempt's lease (2 × timeout + 1 s) then
+      // decides when it is tried again. Handed over by the harness's entry, not the environment.
+      harness: { pushTestTimings: { timeoutSeconds: 4 } },
+    });
     children.push(child);
     const ready = await child.waitForLog('keel is ready', 60_000);
     const { taskId } = await sendWithPush(String(ready.url), token, 'echo', 'kill me', { id: 'hook', url: receiver.url });
@@ -137,6 +142,7 @@ describe('worker killed', () => {
     expect((await deliveriesOf(database.pool, taskId)).find((row) => row.id === first)).toMatchObject({ state: 'pending', attempts: 1 });
 
     const replacement = await startTestKeel({
+      pushTestTimings: PUSH_TEST_TIMINGS,
       databaseUrl: database.url,
       env: { KEEL_MASTER_KEY: masterKey, KEEL_QUEUE_PREFIX: prefix },
       overrides: { ...PUSH_TEST_OVERRIDES },
