@@ -25,6 +25,7 @@ import type { CompletionBatch } from '../src/tasks/completion-batch.js';
 import type { ProjectionOptions } from '../src/tasks/journal-writer.js';
 import type { LocalCommit } from '../src/tasks/journal-listener.js';
 import { isConnectionError } from '../src/db/pool.js';
+import { DatabaseReturn } from '../src/db/database-return.js';
 import { LeaseKeeper } from '../src/runs/lease-keeper.js';
 import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-repository.js';
 import { applyLinkCeilings, appliedLinkIndex, providerChainOf, type RetryPolicy, type ScrubServedTask } from '../src/runs/provider-chain.js';
@@ -34,7 +35,9 @@ import {
   claimQueuedRun,
   lockHeldRun,
   markNonIdempotentCall,
+  reclaimHeldRun,
   releaseRun,
+  renewLease,
   queuedRequestContext,
   suspendRun,
   suspendedStateContext,
@@ -125,6 +128,8 @@ export type RunExecutor = {
 };
 
 const TOOL_RESULT_LIMIT = 64 * 1024;
+/** How many times a run whose write was lost with the database is driven again by its own process before it is left to the reaper. */
+const MAX_REDRIVES = 3;
 /**
  * How long a full queue share keeps the fast path to half the slots unless seen full again: a
  * bound in case the queue's worker never reports it drained (the queue ran dry on another process).
@@ -178,11 +183,11 @@ export function createRunExecutor(
    * and no projection is owed; otherwise (nothing journaled, or an error: a COMMIT whose outcome is
    * unknown) the waiters read, and the projector is woken as after any commit.
    */
-  async function settleEnd(runId: string, taskId: string | null, settle: () => Promise<CompletionResult>): Promise<CompletionResult> {
+  async function settleEnd(runId: string, taskId: string | null, settle: () => Promise<CompletionResult>, again: () => void = () => undefined): Promise<CompletionResult> {
     const local = taskId === null ? null : endJournaling.begin(runId, taskId);
     let result: CompletionResult;
     try {
-      result = await settle();
+      result = await settleOnceWritten(runId, settle, again);
     } catch (error) {
       local?.unknown();
       // Whatever was committed before (a claim's revision) is still owed to the journal.
@@ -198,6 +203,35 @@ export function createRunExecutor(
       afterCommit(runId);
     }
     return result;
+  }
+
+  /** Ended at shutdown: a run waiting for the database to answer again stops waiting. */
+  const stopWaiting = new AbortController();
+  const databaseReturn = new DatabaseReturn(pool);
+
+  /**
+   * Writes a run's end, and writes it again when its connection was lost (a Postgres crash, a cut
+   * socket): this process still holds the run, so it does not leave it to its lease and the reaper
+   * (a requeue, a SUBMITTED event, a minute or more) but waits for the database to answer, renews
+   * the lease and writes the same end under the same claim. A first write that did commit before
+   * its connection went is refused by the settle's own guard (the run is no longer running), so
+   * nothing is written twice; the caller's waiters then read what is there. `again` gives back
+   * what the lost write took (the audit rows). Past one lease without an answer the run is left
+   * to the reaper, as a dead process's would be.
+   */
+  async function settleOnceWritten(runId: string, settle: () => Promise<CompletionResult>, again: () => void): Promise<CompletionResult> {
+    const givesUpAt = Date.now() + options.leaseMs;
+    for (;;) {
+      try {
+        return await settle();
+      } catch (error) {
+        if (!isConnectionError(error) || draining) throw error;
+        logger.warn({ err: error, runId }, "a run's end was not written (the database went away); writing it again once it answers");
+        if (!(await databaseReturn.answers(givesUpAt - Date.now(), stopWaiting.signal))) throw error;
+        await renewLease(pool, runId, claim).catch(() => false);
+        again();
+      }
+    }
   }
 
   const complete = (input: CompletionInput) => (options.completions ? options.completions.complete(input) : completeRun(pool, sealer, logger, input));
@@ -285,7 +319,7 @@ export function createRunExecutor(
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
       options.onRunStarted?.('queue');
-      return executeClaimed(run, slot, null);
+      return executeHeld(run, slot, null);
     }).finally(() => (queuedInFlight -= 1));
   }
 
@@ -358,7 +392,7 @@ export function createRunExecutor(
             return;
           }
           options.onRunStarted?.('fast');
-          void inSlot(run.id, (slot) => executeClaimed(insertedRow(run), slot, run))
+          void inSlot(run.id, (slot) => executeHeld(insertedRow(run), slot, run))
             .catch((error: Error) => logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'))
             .finally(() => fastChanged(-1));
         },
@@ -371,13 +405,38 @@ export function createRunExecutor(
     },
   };
 
-  async function executeClaimed(run: RunRow, slot: Slot, fast: FastRun | null): Promise<ExecutionReport> {
+  /**
+   * Runs a claimed run; when the database went away under it (a write of the run lost with its
+   * connection: a crash, a cut socket), drives it again from its stored row as soon as the
+   * database answers, in the same slot and under the same claim, its lease renewed: no requeue, no
+   * SUBMITTED event, no wait for the lease to run out. The reaper stays for the runs of a process
+   * that died. A run no longer held (settled by a write that did commit, requeued, cancelled) is
+   * not driven again.
+   */
+  async function executeHeld(run: RunRow, slot: Slot, fast: FastRun | null): Promise<ExecutionReport> {
+    let current = run;
+    for (let redriven = 0; ; redriven += 1) {
+      try {
+        return await executeClaimed(current, slot, redriven === 0 ? fast : null, redriven > 0);
+      } catch (error) {
+        if (!isConnectionError(error) || draining || redriven >= MAX_REDRIVES) throw error;
+        logger.warn({ err: error, runId: run.id }, 'the run lost a write with the database; driving it again once it answers');
+        if (!(await databaseReturn.answers(options.leaseMs, stopWaiting.signal))) throw error;
+        const held = await reclaimHeldRun(pool, run.id, claim).catch(() => null);
+        if (!held) throw error;
+        current = held;
+      }
+    }
+  }
+
+  async function executeClaimed(run: RunRow, slot: Slot, fast: FastRun | null, redriven = false): Promise<ExecutionReport> {
     const runId = run.id;
     const insertedRequest = fast?.request ?? null;
     const runLog = logger.child({ runId, agent: run.agent });
 
-    // A run claimed for the first time has no audit rows and no stored outputs yet.
-    const fresh = isFirstClaim(run);
+    // A run claimed for the first time has no audit rows and no stored outputs yet (driven again,
+    // it may have both from its first drive).
+    const fresh = !redriven && isFirstClaim(run);
     const agent = registry.get(run.agent);
     if (!agent) {
       await failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
@@ -396,7 +455,7 @@ export function createRunExecutor(
     const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
     audit.record({
       kind: run.suspended_state ? 'resumed' : 'claimed',
-      meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count, ...(insertedRequest ? { fastPath: true } : {}) },
+      meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count, ...(insertedRequest ? { fastPath: true } : {}), ...(redriven ? { redriven: true } : {}) },
     });
     const resume = rebuilt.state.resume;
     if (resume?.kind === 'approval') {
@@ -644,6 +703,8 @@ export function createRunExecutor(
               totals,
               ...(projection ? { projection } : {}),
             }),
+            // A write lost with its connection gave nothing back: its audit rows ride in the next.
+            () => audit.restoreTaken(),
           ).catch(async (error: Error) => {
             // The database out of reach is not the result's fault: the run keeps its claim, its lease
             // expires and the reaper requeues it (settling it as failed could not be written anyway).
@@ -747,6 +808,7 @@ export function createRunExecutor(
 
   async function drain(graceMs: number): Promise<{ finished: number; released: number }> {
     draining = true;
+    stopWaiting.abort();
     const before = inFlight.size;
     const all = Promise.all([...inFlight.values()].map((entry) => entry.done));
     await Promise.race([all, new Promise((resolve) => setTimeout(resolve, graceMs).unref())]);
