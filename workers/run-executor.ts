@@ -113,9 +113,34 @@ export function createRunExecutor(
       return row;
     });
 
+  const claimOnce = async (runId: string) =>
+    (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(runId));
+
+  /** Runs this process is driving: a claim made again after a lost connection must not drive one twice. */
+  const driving = new Set<string>();
+
+  /**
+   * The claim, made again once the database answers when its connection was lost: a claim that
+   * did commit unseen made the run this worker's (found with its lease renewed), else the claim
+   * is tried again. Left to the queue's retry and the reaper past one lease or three tries.
+   */
+  async function claimOnceWritten(runId: string): Promise<RunRow | null> {
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await claimOnce(runId);
+      } catch (error) {
+        if (!isConnectionError(error) || slots.isDraining || attempt >= MAX_REDRIVES) throw error;
+        if (!(await settling.databaseAnswers(options.leaseMs))) throw error;
+        if (driving.has(runId)) return null;
+        const mine = await reclaimHeldRun(pool, runId, claim).catch(() => null);
+        if (mine) return mine;
+      }
+    }
+  }
+
   function execute(runId: string): Promise<ExecutionReport> {
     return slots.queued(runId, async (slot) => {
-      const run = (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(runId));
+      const run = await claimOnceWritten(runId);
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
       options.onRunStarted?.('queue');
@@ -148,6 +173,15 @@ export function createRunExecutor(
    * not driven again, nor one that was inside a non-idempotent tool call (the reaper dead-letters it).
    */
   async function executeHeld(run: RunRow, slot: Slot, fast: FastRun | null): Promise<ExecutionReport> {
+    driving.add(run.id);
+    try {
+      return await executeHeldRun(run, slot, fast);
+    } finally {
+      driving.delete(run.id);
+    }
+  }
+
+  async function executeHeldRun(run: RunRow, slot: Slot, fast: FastRun | null): Promise<ExecutionReport> {
     let current = run;
     for (let redriven = 0; ; redriven += 1) {
       try {
