@@ -2,7 +2,7 @@ import { agentLoopMachine, freshLoopState, type LoopState } from '../machines/ag
 import { createMachineStepper } from '../machines/step-machine.js';
 import type { AgentRegistry, RegisteredAgent } from '../src/agents/agent-registry.js';
 import type { KeelContext } from '../src/context/keel-context.js';
-import { isConnectionError } from '../src/db/pool.js';
+import { isConnectionError, type DatabasePool } from '../src/db/pool.js';
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { TranscriptMessage } from '../src/providers/provider.js';
 import { runJobId } from '../src/queue/job-ids.js';
@@ -18,6 +18,7 @@ import {
   releaseRun,
   suspendedStateContext,
   takeOverHandoff,
+  type Claim,
 } from '../src/runs/run-repository.js';
 import { runRequestSchema, type RunRequest } from '../src/runs/run-request.js';
 import { isFirstClaim, type RunRow } from '../src/runs/run-row.js';
@@ -82,6 +83,71 @@ function rebuild(sealer: Sealer, run: RunRow, agent: RegisteredAgent, inserted: 
   return { ok: true, state: freshLoopState([...system, ...request.messages], request.metadata) };
 }
 
+/**
+ * A statechart run whose timer is due: taken from its wait with the claim, and a prompt it was
+ * asking stops being its task's status message in the same transaction (run row first, then task).
+ */
+const claimTimedOutWait = (pool: DatabasePool, claim: Claim, runId: string) =>
+  pool.transaction(async (transaction) => {
+    const row = await claimDueTimer(transaction, runId, claim);
+    if (row?.task_id) await clearStatusMessage(transaction, row.task_id);
+    return row;
+  });
+
+/** The run a `runs` job woke, claimed for this worker: queued, handed off, or waiting on a timer now due; null when another has it. */
+const claimWoken = async (pool: DatabasePool, claim: Claim, runId: string) =>
+  (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(pool, claim, runId));
+
+/** What a run's lease keeper and provider chain need of the executor. */
+type ChainDeps = { pool: DatabasePool; sealer: Sealer; workerId: string; options: ExecutorOptions; afterCommit: AfterCommit; scrubServedTask: ScrubServedTask };
+
+/** The run's lease keeper, started, and its provider chain, which applies a fallback's ceilings with the scrub of what they no longer allow. */
+function leaseAndChain(deps: ChainDeps, run: RunRow, agent: RegisteredAgent, audit: AuditTrail, slot: Slot, runLog: RunInHand['runLog']): { lease: LeaseKeeper; providerChain: ProviderChain } {
+  const { pool, sealer, workerId, options, afterCommit } = deps;
+  const runId = run.id;
+  const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
+  // A long step (a slow provider call) does not hold the audit trail back past one heartbeat.
+  lease.onBeat = () => void audit.flushIfDue(pool, options.heartbeatMs);
+  lease.start();
+  slot.lease = lease;
+  const providerChain = providerChainOf(
+    {
+      runId,
+      chain: agent.chain,
+      tools: [...agent.tools.values()].map((tool) => ({ name: tool.name, description: tool.description, parameters: tool.parameters })),
+      policy: options,
+      audit,
+      lease,
+      switchTo: async (index) => {
+        const switched = await applyLinkCeilings(pool, sealer, { runId, workerId, taskId: run.task_id, audit }, agent.chain[index]!, index, deps.scrubServedTask);
+        afterCommit(runId);
+        return switched;
+      },
+    },
+    appliedLinkIndex(agent.chain, run.provider),
+  );
+  return { lease, providerChain };
+}
+
+/**
+ * The run's audit trail (new on a first claim, else continued after its stored rows), with the
+ * claim or resumption recorded, and the decision or input a resumption brings.
+ */
+async function openTrail(pool: DatabasePool, run: RunRow, state: LoopState, how: { fresh: boolean; workerId: string; fastPath: boolean; redriven: boolean }, runLog: RunInHand['runLog']): Promise<AuditTrail> {
+  const audit = how.fresh ? new AuditTrail(run.id, run.audit_level, 0, runLog) : await AuditTrail.open(pool, run.id, run.audit_level, runLog);
+  audit.record({
+    kind: run.suspended_state ? 'resumed' : 'claimed',
+    meta: { worker: how.workerId, revision: run.revision, requeues: run.requeue_count, ...(how.fastPath ? { fastPath: true } : {}), ...(how.redriven ? { redriven: true } : {}) },
+  });
+  const resume = state.resume;
+  if (resume?.kind === 'approval') {
+    audit.record({ kind: 'approval_decided', meta: { approved: resume.approved, digest: resume.digest, pending: state.pendingApproval?.kind ?? null } });
+  } else if (resume?.kind === 'input') {
+    audit.record({ kind: 'input_received', meta: { tool: state.pendingInput?.toolName ?? null }, content: { value: resume.value } });
+  }
+  return audit;
+}
+
 export function createRunExecutor(
   context: KeelContext,
   registry: AgentRegistry,
@@ -96,25 +162,11 @@ export function createRunExecutor(
   const settling = new RunSettling({ context, options, afterCommit, onDependencyWait, endJournaling });
   const slots = new RunSlots(options);
   const tools = new ToolValidators();
-  const scrubServedTask = scrubServedTaskWith(sealer);
+  const chainDeps: ChainDeps = { pool, sealer, workerId, options, afterCommit, scrubServedTask: scrubServedTaskWith(sealer) };
   // The agent loop runs without an actor per run: the stepper computes each macrostep with the
   // machine's pure transition and runs the step its new state invokes (decision 0023). Made once,
   // it refuses here, at start, a machine with effects it could not carry out.
   const loopStepper = createMachineStepper(agentLoopMachine);
-
-  /**
-   * A statechart run whose timer is due: taken from its wait with the claim, and a prompt it was
-   * asking stops being its task's status message in the same transaction (run row first, then task).
-   */
-  const claimTimedOutWait = (runId: string) =>
-    pool.transaction(async (transaction) => {
-      const row = await claimDueTimer(transaction, runId, claim);
-      if (row?.task_id) await clearStatusMessage(transaction, row.task_id);
-      return row;
-    });
-
-  const claimOnce = async (runId: string) =>
-    (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(runId));
 
   /** Runs this process is driving: a claim made again after a lost connection must not drive one twice. */
   const driving = new Set<string>();
@@ -127,7 +179,7 @@ export function createRunExecutor(
   async function claimOnceWritten(runId: string): Promise<RunRow | null> {
     for (let attempt = 0; ; attempt += 1) {
       try {
-        return await claimOnce(runId);
+        return await claimWoken(pool, claim, runId);
       } catch (error) {
         if (!isConnectionError(error) || slots.isDraining || attempt >= MAX_REDRIVES) throw error;
         if (!(await settling.databaseAnswers(options.leaseMs))) throw error;
@@ -197,33 +249,6 @@ export function createRunExecutor(
     }
   }
 
-  /** The run's lease keeper, started, and its provider chain, which applies a fallback's ceilings with the scrub of what they no longer allow. */
-  function leaseAndChain(run: RunRow, agent: RegisteredAgent, audit: AuditTrail, slot: Slot, runLog: RunInHand['runLog']): { lease: LeaseKeeper; providerChain: ProviderChain } {
-    const runId = run.id;
-    const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
-    // A long step (a slow provider call) does not hold the audit trail back past one heartbeat.
-    lease.onBeat = () => void audit.flushIfDue(pool, options.heartbeatMs);
-    lease.start();
-    slot.lease = lease;
-    const providerChain = providerChainOf(
-      {
-        runId,
-        chain: agent.chain,
-        tools: [...agent.tools.values()].map((tool) => ({ name: tool.name, description: tool.description, parameters: tool.parameters })),
-        policy: options,
-        audit,
-        lease,
-        switchTo: async (index) => {
-          const switched = await applyLinkCeilings(pool, sealer, { runId, workerId, taskId: run.task_id, audit }, agent.chain[index]!, index, scrubServedTask);
-          afterCommit(runId);
-          return switched;
-        },
-      },
-      appliedLinkIndex(agent.chain, run.provider),
-    );
-    return { lease, providerChain };
-  }
-
   async function executeClaimed(run: RunRow, slot: Slot, fast: FastRun | null, redriven: boolean): Promise<ExecutionReport> {
     const runId = run.id;
     const insertedRequest = fast?.request ?? null;
@@ -243,18 +268,8 @@ export function createRunExecutor(
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
 
-    const audit = fresh ? new AuditTrail(runId, run.audit_level, 0, runLog) : await AuditTrail.open(pool, runId, run.audit_level, runLog);
-    audit.record({
-      kind: run.suspended_state ? 'resumed' : 'claimed',
-      meta: { worker: workerId, revision: run.revision, requeues: run.requeue_count, ...(insertedRequest ? { fastPath: true } : {}), ...(redriven ? { redriven: true } : {}) },
-    });
-    const resume = rebuilt.state.resume;
-    if (resume?.kind === 'approval') {
-      audit.record({ kind: 'approval_decided', meta: { approved: resume.approved, digest: resume.digest, pending: rebuilt.state.pendingApproval?.kind ?? null } });
-    } else if (resume?.kind === 'input') {
-      audit.record({ kind: 'input_received', meta: { tool: rebuilt.state.pendingInput?.toolName ?? null }, content: { value: resume.value } });
-    }
-    const { lease, providerChain } = leaseAndChain(run, agent, audit, slot, runLog);
+    const audit = await openTrail(pool, run, rebuilt.state, { fresh, workerId, fastPath: insertedRequest !== null, redriven }, runLog);
+    const { lease, providerChain } = leaseAndChain(chainDeps, run, agent, audit, slot, runLog);
     const hand: RunInHand = {
       run,
       runId,

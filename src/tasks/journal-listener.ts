@@ -12,7 +12,8 @@ import { isConnectionError } from '../db/pool.js';
  * nothing to hand (nothing journaled, or a COMMIT whose outcome is not known), and wakes them to
  * read the journal once: a fast run's end is NOTIFYd only to a watched task (decision 0047), so
  * without that read a blocking request would wait out its cap for an end that did commit.
- * Its caller calls it once the database answers again (run-settling.ts).
+ * The executor calls it once the end, written again after a lost connection, was refused, or
+ * when it gave up (workers/run-settling.ts).
  */
 export type LocalCommit = { committed: (task: TaskRow, notice: JournalNotice) => void; unknown: () => void };
 
