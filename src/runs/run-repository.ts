@@ -173,6 +173,18 @@ export async function renewLease(db: Db, runId: string, claim: Claim): Promise<b
   return row !== null;
 }
 
+/**
+ * The run's row with its lease renewed, while this worker still holds it running: a run this
+ * process drives again after the database came back (its write was lost with the connection).
+ * Null when the run is no longer its own (settled by a write that did commit, requeued, cancelled).
+ */
+export async function reclaimHeldRun(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })}
+    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${claim.workerId}
+    RETURNING *`);
+}
+
 export type SuspendStatus = 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency' | 'waiting_for_timer';
 const SUSPEND_EVENT: Record<SuspendStatus, RunEventType> = {
   waiting_for_approval: 'SUSPEND_FOR_APPROVAL',

@@ -3,12 +3,17 @@ import type { KeelLogger } from '../log/logger.js';
 import type { CommonQueryMethods } from 'slonik';
 import { JOURNAL_CHANNEL, journalEndedAfter, parseJournalNotice, type JournalNotice } from './journal.js';
 import type { TaskRow } from './task-repository.js';
+import { isConnectionError } from '../db/pool.js';
 
 /**
  * A journal commit this process is making for a task (a run's completion journals its end,
  * docs/decisions/0022-completion-writes-the-journal.md): once its COMMIT has returned, `committed`
  * hands the task as the transaction wrote it to this process's waiters; `unknown` says there is
- * nothing to hand (nothing journaled, or a COMMIT whose outcome is not known), and they read.
+ * nothing to hand (nothing journaled, or a COMMIT whose outcome is not known), and wakes them to
+ * read the journal once: a fast run's end is NOTIFYd only to a watched task (decision 0047), so
+ * without that read a blocking request would wait out its cap for an end that did commit.
+ * The executor calls it once the end, written again after a lost connection, was refused, or
+ * when it gave up (workers/run-settling.ts).
  */
 export type LocalCommit = { committed: (task: TaskRow, notice: JournalNotice) => void; unknown: () => void };
 
@@ -102,6 +107,7 @@ export class JournalListener {
       if (ended) return;
       ended = true;
       if (task && notice) this.wake(notice, task);
+      else this.wakeToRead(taskId);
       pending.delete(outcome);
       if (pending.size === 0 && this.localCommits.get(taskId) === pending) this.localCommits.delete(taskId);
       settle();
@@ -113,6 +119,12 @@ export class JournalListener {
   localCommitsSettled(taskId: string): Promise<void> | null {
     const pending = this.localCommits.get(taskId);
     return pending && pending.size > 0 ? Promise.all(pending).then(() => undefined) : null;
+  }
+
+  /** Wakes the task's waiters without a notice: they read the journal. */
+  private wakeToRead(taskId: string): void {
+    const set = this.waiters.get(taskId);
+    if (set) for (const waiter of [...set]) waiter(null);
   }
 
   /** Wakes everyone without a notice: they must reread the journal (notices may have been missed). */
@@ -204,15 +216,22 @@ export class JournalWait {
       for (;;) {
         const woken = new Promise<void>((resolve) => (this.wake = resolve));
         if (this.notices.some((notice) => notice.ends && notice.lastSequence > afterSequence)) return true;
+        let unread = false;
         if (mustRead || this.missed || stop?.aborted) {
           this.missed = false;
           mustRead = false;
-          if (await journalEndedAfter(db, this.taskId, afterSequence)) return true;
+          try {
+            if (await journalEndedAfter(db, this.taskId, afterSequence)) return true;
+          } catch (error) {
+            // The database out of reach (a crash): read again shortly rather than fail the request.
+            if (!isConnectionError(error)) throw error;
+            unread = true;
+          }
         }
         const remaining = deadline - Date.now();
         if (remaining <= 0 || stop?.aborted) return false;
-        // While the listener reconnects, read the journal every half second instead.
-        const poll = !this.listener.listening;
+        // While the listener reconnects, or the read could not be made, read the journal every half second instead.
+        const poll = unread || !this.listener.listening;
         await wokenOrAfter(woken, poll ? Math.min(remaining, 500) : remaining);
         if (poll) mustRead = true;
       }

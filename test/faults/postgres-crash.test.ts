@@ -1,4 +1,4 @@
-import { sql } from 'slonik';
+import { sql, type DatabasePool } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { readJournal, type JournalEvent } from '../../src/tasks/journal.js';
@@ -16,7 +16,11 @@ import { useFaultSuite } from './support/suite.js';
 // database system is not yet accepting connections". One API and one worker process serve 240
 // nonblocking tasks, each with a push config. Keel must answer again within seconds of the
 // server's return, by itself, and lose nothing; while the database is down /readyz answers within
-// its own timeout and says why it is not ready.
+// its own timeout and says why it is not ready. The runs in flight at the crash are the live
+// worker's own: it writes again what it lost as soon as the database answers (decision 0054), so
+// every task accepted before the crash completes within 20 s of the return, no run is requeued
+// and no task goes back to SUBMITTED (with the production lease: the suite's 2 s one would expire
+// during the outage and let the reaper take them first).
 //
 // The same crash (immediate) with one process of role `all` instead: new tasks take the fast path
 // (their runs inserted claimed by the process that received them, their WORKING event journaled and
@@ -28,6 +32,18 @@ import { useFaultSuite } from './support/suite.js';
 
 /** How long Keel may take to answer again once Postgres accepts connections: seconds, not minutes. */
 const ANSWER_AGAIN_BOUND_MS = 15_000;
+/**
+ * How long after Postgres accepts connections again a task accepted before the crash may take to
+ * complete: a live process writes again what it lost itself (docs/reliability.md), it does not
+ * wait out the run's lease (60 s) and a requeue.
+ */
+const RECOVERED_BOUND_MS = 20_000;
+/**
+ * The lease of a production start (runs.leaseSeconds' default), not the suite's 2 s: these
+ * scenarios are about live processes recovering their own runs, and a lease that ran out while
+ * Postgres was down would let the reaper requeue them first (the way for a process that died).
+ */
+const PRODUCTION_LEASE = { KEEL_RUNS_LEASE_SECONDS: '60' };
 /** /readyz probes with a 2 s deadline; the margin is for a loaded two-core machine. */
 const READYZ_ANSWER_BOUND_MS = 4_000;
 
@@ -86,6 +102,33 @@ const CHUNKS = {
 const expectedOfAgent: LoadOptions['expected'] = (agent, text) => (agent === 'chunks' ? 'report done' : `echo: ${text}`);
 
 const countRow = z.object({ n: z.number() });
+const lateRow = z.object({ id: z.string(), agent: z.string(), status: z.string(), settled_after_ms: z.number().nullable(), requeue_count: z.number() });
+
+/**
+ * How the tasks accepted before the crash recovered: those not completed within
+ * RECOVERED_BOUND_MS of Postgres's return (`backAt`), besides a scripted agent's own steps (its
+ * `ownMs` from the run's creation), the runs requeued, and the tasks whose journal went back to
+ * SUBMITTED after WORKING (a requeue's way, which a live process must not take for its own runs).
+ */
+async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number, ownMs: (agent: string) => number = () => 0) {
+  const runs = await pool.any(sql.type(lateRow)`
+    SELECT id, agent, status, requeue_count,
+      extract(epoch FROM settled_at - to_timestamp(${backAt} / 1000.0)) * 1000 AS settled_after_ms
+    FROM runs WHERE created_at < to_timestamp(${crashedAt} / 1000.0)`);
+  const late = runs.filter((run) => run.status !== 'completed' || run.settled_after_ms === null || run.settled_after_ms > RECOVERED_BOUND_MS + ownMs(run.agent));
+  const requeued = runs.filter((run) => run.requeue_count > 0);
+  const backToSubmitted = await pool.anyFirst(sql.type(z.object({ task_id: z.string() }))`
+    SELECT DISTINCT s.task_id FROM a2a_events s JOIN a2a_events w ON w.task_id = s.task_id
+    WHERE s.state = 'TASK_STATE_SUBMITTED' AND w.state = 'TASK_STATE_WORKING' AND s.sequence > w.sequence`);
+  const slowest = Math.max(0, ...runs.map((run) => run.settled_after_ms ?? 0));
+  return { acceptedBeforeCrash: runs.length, slowestAfterReturnMs: Math.round(slowest), late, requeued: requeued.map((run) => run.id), backToSubmitted };
+}
+
+function expectRecovered(recovery: Awaited<ReturnType<typeof recoveryOf>>) {
+  expect.soft(recovery.late, `tasks accepted before the crash not completed within ${RECOVERED_BOUND_MS} ms of Postgres's return`).toEqual([]);
+  expect.soft(recovery.requeued, 'runs requeued (left to their lease instead of written again by their live process)').toEqual([]);
+  expect.soft(recovery.backToSubmitted, 'tasks whose journal went back to SUBMITTED after WORKING').toEqual([]);
+}
 const deliveryRow = z.object({ id: z.string(), task_id: z.string(), event_sequence: z.number() });
 const runPath = z.object({ id: z.string(), fast: z.boolean().nullable(), requeue_count: z.number() });
 
@@ -219,11 +262,12 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
     '%s: after %s and crash recovery Keel answers again within seconds, nothing lost',
     async (mode) => {
       const { postgres, receiver } = suite;
-      const installation = await suite.install();
+      const installation = await suite.install({ env: PRODUCTION_LEASE });
       const api = await installation.addNode('api');
       const worker = await installation.addNode('worker');
       const pool = await installation.pool();
       const faults: Record<string, unknown> = { mode };
+      let recovery: Awaited<ReturnType<typeof recoveryOf>> | null = null;
       const startedAt = Date.now();
       const load = startLoad({
         apis: () => installation.apiUrls(),
@@ -274,12 +318,21 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       faults.answeringAgainMs = Date.now() - backAt;
       expect(answering, `Keel answers again within ${ANSWER_AGAIN_BOUND_MS} ms of Postgres's return; last seen ${JSON.stringify(lastSeen)}`).toBe(true);
 
-      const counts = await finishScenario({ scenario: `postgres-crash-${mode}`, installation, load, startedAt, receiver, faults });
+      const counts = await finishScenario({
+        scenario: `postgres-crash-${mode}`,
+        installation,
+        load,
+        startedAt,
+        receiver,
+        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt)) }),
+      });
       // Both processes lived through it: nobody restarted them.
       expect(api.generations).toHaveLength(1);
       expect(worker.generations).toHaveLength(1);
       expect(api.alive && worker.alive).toBe(true);
       expectClean(counts, installation);
+      // The runs in flight at the crash were written again by the worker that held them, within seconds.
+      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt)));
     },
     SCENARIO_TIMEOUT_MS,
   );
@@ -290,6 +343,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       const { postgres, receiver, model } = suite;
       const installation = await suite.install({
         env: {
+          ...PRODUCTION_LEASE,
           KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
           KEEL_PROVIDERS: JSON.stringify({ fake: { type: 'openai', baseUrl: model.baseUrl, model: 'fake', timeoutSeconds: 10 }, chunks: CHUNKS }),
           KEEL_AGENTS: JSON.stringify([
@@ -386,7 +440,18 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         }),
       );
 
-      const counts = await finishScenario({ scenario: 'postgres-crash-immediate-all-fast-path', installation, load, startedAt, receiver, faults, expected: expectedOfAgent });
+      // The scripted agent's own steps (from the run's creation) are not recovery time.
+      const scriptMs = (agent: string) => (agent === 'chunks' ? FIRST_STEP_MS + 3 * 800 + 300 : 0);
+      let recovery: Awaited<ReturnType<typeof recoveryOf>> | null = null;
+      const counts = await finishScenario({
+        scenario: 'postgres-crash-immediate-all-fast-path',
+        installation,
+        load,
+        startedAt,
+        receiver,
+        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt, scriptMs)) }),
+        expected: expectedOfAgent,
+      });
       // Every task has ended: its streams have ended too (a creating stream the crash left open is cut).
       const open = traces.flatMap((trace) => [trace.creating, trace.resumed, trace.replay]).filter((stream): stream is SseStream => stream !== null);
       await until(() => open.every((stream) => stream.done()), 30_000, 100);
@@ -500,6 +565,8 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       expect.soft(counts.deliveriesChanged, 'a pushed event changed or vanished from the journal').toBe(0);
       expect.soft(node.generations).toHaveLength(1);
       expect.soft(node.alive).toBe(true);
+      // The fast runs in flight at the crash were written again by their live process, within seconds.
+      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt, scriptMs)));
       expectClean(counts, installation);
     },
     SCENARIO_TIMEOUT_MS,
