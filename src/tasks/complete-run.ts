@@ -40,9 +40,10 @@ export type CompletionInput = {
   /**
    * The audit trail's last events as rows that can ride in the statement writing the task's result
    * (AuditTrail.takeUnrefusableRows; null when one could be refused); what it does not take,
-   * beforeSettle writes.
+   * beforeSettle writes. Given the transaction they ride in, which gives them back if it rolls back
+   * (before a retry too); a statement committed on its own passes none, and `rolledBack` gives back.
    */
-  takeAuditRows?: () => SerializedRow[] | null;
+  takeAuditRows?: (transaction?: CommonQueryMethods) => SerializedRow[] | null;
   /** The run serves this A2A task (runs.task_id), so task and run are locked together. */
   taskId: string | null;
   /** False when the run stored no artifacts: nothing to merge into the result or to journal. */
@@ -267,7 +268,7 @@ export async function completeRunWithin(transaction: CommonQueryMethods, sealer:
   const { run, task } = locked;
   const level = run.answer_level as PrivacyLevel;
   // A result written to the task row carries the audit rows in the same statement.
-  const auditRows = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditRows?.() ?? null) : null;
+  const auditRows = run.task_id !== null && answerIsRetainable(level) ? (input.takeAuditRows?.(transaction) ?? null) : null;
   const auditInsert = auditRows && auditRows.length > 0 ? insertAuditRowsStatement(auditRowsOf(input.runId, auditRows)) : null;
   await input.beforeSettle?.(transaction);
 

@@ -106,7 +106,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
     const row = byRun.get(input.runId);
     if (!commonPath(input, row)) continue;
     const level = row.answer_level as PrivacyLevel;
-    const audit = input.takeAuditRows?.() ?? [];
+    const audit = input.takeAuditRows?.(transaction) ?? [];
     await input.beforeSettle?.(transaction);
     const taskId = row.task_id!;
     const { artifacts, statusMessage, directMessage } = answerResult(taskId, row.context_id, input, []);
