@@ -109,6 +109,8 @@ export class AuditTrail {
   private taken: PendingEvent[] = [];
   private nextSequence: number;
   private oldestPendingAt = 0;
+  /** The last flush not in a caller's transaction, while on its way: the next waits for it, so the trail is stored in order. */
+  private flushing: Promise<boolean> | null = null;
 
   constructor(
     private readonly runId: string,
@@ -160,9 +162,21 @@ export class AuditTrail {
     return this.flush(db);
   }
 
-  /** Writes what is buffered; never throws. */
+  /**
+   * Writes what is buffered; never throws. A flush still on its way (a heartbeat's, on another
+   * pool connection) is waited for first, so the trail is written in the order it was recorded:
+   * when recordNow returns true, the events before its own are no longer on their way (stored,
+   * or logged as lost), and a step that runs next cannot be ahead of them. Without the wait, a
+   * worker killed once the step began could leave the heartbeat's insert unsent: the trail before
+   * the step gone, the step's own event stored (issue 39, the worker-kill test's missing `claimed`).
+   */
   flush(db: CommonQueryMethods): Promise<boolean> {
-    return this.flushNow(db);
+    const before = this.flushing;
+    const flushing = before === null ? this.flushNow(db) : before.then(() => this.flushNow(db));
+    this.flushing = flushing;
+    return flushing.finally(() => {
+      if (this.flushing === flushing) this.flushing = null;
+    });
   }
 
   private async flushNow(db: CommonQueryMethods): Promise<boolean> {

@@ -183,3 +183,24 @@ describe('whatever a transaction takes from the trail it gives back when it roll
     expect(await kinds(run.id)).toEqual(['claimed', 'suspended']);
   });
 });
+
+describe('AuditTrail.recordNow: true means the trail up to this event is stored', () => {
+  it('waits for an earlier flush still on its way (a heartbeat flush), so a step never runs ahead of its trail', async () => {
+    // The worker-kill test's lost `claimed` event: a heartbeat flush took the buffered events, the
+    // step's recordNow stored its own event on another connection and the step began; the worker
+    // was killed before the heartbeat's insert reached the server. Here the earlier flush waits
+    // behind a sleep on its connection.
+    const run = await newRun();
+    const trail = new AuditTrail(run.id, 'full', 0, logger);
+    trail.record({ kind: 'claimed', meta: { worker: 'w' } });
+    await db.pool.connect(async (slow) => {
+      const busy = slow.query(sql.unsafe`SELECT pg_sleep(0.5)`);
+      const earlier = trail.flush(slow);
+      const stored = await trail.recordNow(db.pool, { kind: 'tool_call', meta: { tool: 'step:pay' } });
+      expect(stored).toBe(true);
+      expect(await kinds(run.id), 'the step may run: everything before it is stored').toEqual(['claimed', 'tool_call']);
+      await busy;
+      expect(await earlier).toBe(true);
+    });
+  });
+});
