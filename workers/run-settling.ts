@@ -165,7 +165,7 @@ export class RunSettling {
         this.complete({
           beforeSettle: (transaction) => audit.flushWithin(transaction),
           resultOutputs: resultArtifacts.map((emission, index) => outputFromEmission('artifact', emission, `output-${index}`)),
-          takeAuditRows: () => audit.takeUnrefusableRows(),
+          takeAuditRows: (transaction) => audit.takeUnrefusableRows(transaction),
           rolledBack: () => audit.restoreTaken(),
           ...(held ? { held } : {}),
           taskId,
@@ -237,7 +237,7 @@ export class RunSettling {
       const suspended = await pool.transaction(async (transaction) => {
         const row = await suspendRun(transaction, sealer, runId, workerId, outcome.status, { ...state, resume: null }, totals, outcome.dueAt);
         if (row) {
-          audit.record(suspendedEvent);
+          audit.recordWithin(transaction, suspendedEvent);
           await audit.flushWithin(transaction);
         }
         // The INPUT_REQUIRED prompt is the task's status message while it waits, and part of its history.

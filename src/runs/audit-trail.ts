@@ -1,6 +1,7 @@
 import { sql, type CommonQueryMethods, type FragmentSqlToken, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import { rowShape, type ShapedRow } from '../db/row-shape.js';
+import { onRollback } from '../db/transaction.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { redactValue } from '../privacy/redact.js';
@@ -95,15 +96,27 @@ export function insertAuditRowsStatement(rows: readonly AuditRow[], onlyRunsOf: 
  * Buffers a run's events and writes them with one multi-row insert at each flush. Recording is
  * fail-soft (a lost audit row never fails a run), except `recordNow`, which reports whether the
  * event was stored: a write tool whose audit event cannot be stored does not run.
+ *
+ * Whatever a transaction takes from the buffer it gives back when it rolls back, at every level:
+ * each take inside a transaction or savepoint registers its giving back with that level
+ * (`onRollback`, src/db/transaction.ts), so a retried transaction, or the caller of a savepoint
+ * that was undone, finds the events buffered again with their sequence numbers. Only a statement
+ * committed on its own (a held completion, complete-held-runs.ts) has no level: its caller gives
+ * back with `restoreTaken`.
  */
 type PendingEvent = { sequence: number; kind: string; payload: Record<string, unknown>; at: number };
 
+/** Class 22, data exception: Postgres refused a row's text (a NUL escape, an untranslatable character), and would again. */
+const DATA_EXCEPTION_CLASS = '22';
+
 export class AuditTrail {
   private readonly pending: PendingEvent[] = [];
-  /** Events handed to a caller's transaction: lost with it if it rolls back, unless given back. */
+  /** Events taken by a statement committed on its own (no transaction level to give back on): `restoreTaken` gives them back. */
   private taken: PendingEvent[] = [];
   private nextSequence: number;
   private oldestPendingAt = 0;
+  /** The last flush not in a caller's transaction, while on its way: the next waits for it, so the trail is stored in order. */
+  private flushing: Promise<boolean> | null = null;
 
   constructor(
     private readonly runId: string,
@@ -126,11 +139,26 @@ export class AuditTrail {
   }
 
   record(event: AuditEvent): void {
+    this.buffer(event);
+  }
+
+  /**
+   * Records an event that belongs to what `transaction` writes (a suspension): if that level is
+   * undone, the event is forgotten, so a retry that records it again stores it once.
+   */
+  recordWithin(transaction: CommonQueryMethods, event: AuditEvent): void {
+    const recorded = this.buffer(event);
+    if (recorded !== null) onRollback(transaction, () => this.forget(recorded));
+  }
+
+  private buffer(event: AuditEvent): PendingEvent | null {
     const payload = auditPayload(this.level, event);
-    if (payload === null) return;
+    if (payload === null) return null;
     if (this.pending.length === 0) this.oldestPendingAt = Date.now();
-    this.pending.push({ sequence: this.nextSequence, kind: event.kind, payload, at: Date.now() });
+    const pending = { sequence: this.nextSequence, kind: event.kind, payload, at: Date.now() };
+    this.pending.push(pending);
     this.nextSequence += 1;
+    return pending;
   }
 
   /** Flushes at a step boundary only when enough is buffered or it has waited long enough: a fast run writes its trail once, with its settle. */
@@ -140,8 +168,24 @@ export class AuditTrail {
     return this.flush(db);
   }
 
-  /** Writes what is buffered; never throws. */
-  async flush(db: CommonQueryMethods): Promise<boolean> {
+  /**
+   * Writes what is buffered; never throws. A flush still on its way (a heartbeat's, on another
+   * pool connection) is waited for first, so the trail is written in the order it was recorded:
+   * when recordNow returns true, the events before its own are no longer on their way (stored,
+   * or logged as lost), and a step that runs next cannot be ahead of them. Without the wait, a
+   * worker killed once the step began could leave the heartbeat's insert unsent: the trail before
+   * the step gone, the step's own event stored (issue 39, the worker-kill test's missing `claimed`).
+   */
+  flush(db: CommonQueryMethods): Promise<boolean> {
+    const before = this.flushing;
+    const flushing = before === null ? this.flushNow(db) : before.then(() => this.flushNow(db));
+    this.flushing = flushing;
+    return flushing.finally(() => {
+      if (this.flushing === flushing) this.flushing = null;
+    });
+  }
+
+  private async flushNow(db: CommonQueryMethods): Promise<boolean> {
     try {
       await this.flushStrict(db);
       return true;
@@ -162,27 +206,60 @@ export class AuditTrail {
       // Printable ASCII with no NUL or lone-surrogate escape: valid jsonb in every server encoding,
       // for a row whose run is locked by the caller and whose key conflicts are ignored. No data
       // error can refuse it, so the savepoint (one round trip and a subtransaction) is skipped.
-      this.taken.push(...this.pending.splice(0, this.pending.length));
+      this.take(transaction);
       await this.insertRows(transaction, rows);
       return true;
     }
-    const batch = [...this.pending];
-    return transaction.transaction((nested) => this.flushStrict(nested)).then(
-      () => {
-        this.taken.push(...batch);
-        return true;
-      },
-      (error: unknown) => {
-        this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
-        return false;
-      },
-    );
+    let batch: PendingEvent[] = [];
+    return transaction
+      .transaction(async (nested) => {
+        batch = this.take(nested);
+        await this.insertRows(nested, batch.map(serializedRow));
+      })
+      .then(
+        () => true,
+        (error: unknown) => {
+          // The savepoint gave the events back. Rows Postgres refused would be refused again: they
+          // are dropped (logged). Any other failure leaves them buffered for a later write.
+          const code = (error as { code?: unknown } | null)?.code;
+          if (typeof code === 'string' && code.startsWith(DATA_EXCEPTION_CLASS)) for (const event of batch) this.forget(event);
+          this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
+          return false;
+        },
+      );
   }
 
   private async flushStrict(db: CommonQueryMethods): Promise<void> {
     if (this.pending.length === 0) return;
-    const batch = this.pending.splice(0, this.pending.length);
+    const batch = this.take(db);
     await this.insertRows(db, batch.map(serializedRow));
+  }
+
+  /**
+   * Takes what is buffered for a write on `db`. A transaction or savepoint gives it back if it is
+   * undone; a statement on the pool commits or fails alone, and a failed flush loses its rows
+   * (logged: recording is fail-soft).
+   */
+  private take(db: CommonQueryMethods): PendingEvent[] {
+    const batch = this.pending.splice(0, this.pending.length);
+    onRollback(db, () => this.giveBack(batch));
+    return batch;
+  }
+
+  /** Buffers events again ahead of anything recorded since, with their sequence numbers. */
+  private giveBack(events: readonly PendingEvent[]): void {
+    if (events.length === 0) return;
+    if (this.pending.length === 0) this.oldestPendingAt = Date.now();
+    this.pending.unshift(...events);
+  }
+
+  /**
+   * Drops a buffered event. Its sequence number is not reused: a COMMIT whose answer was lost may
+   * have stored it, and a later event under its number would be skipped as already stored.
+   */
+  private forget(event: PendingEvent): void {
+    const index = this.pending.indexOf(event);
+    if (index >= 0) this.pending.splice(index, 1);
   }
 
   private async insertRows(db: CommonQueryMethods, rows: SerializedRow[]): Promise<void> {
@@ -196,27 +273,32 @@ export class AuditTrail {
   /**
    * The buffered events as rows for an insert the caller writes itself (a statement covering the
    * trails of several runs), taken out of the buffer: empty when nothing is buffered, null when a
-   * row could be refused (nothing is taken; flushWithin writes them in a savepoint).
+   * row could be refused (nothing is taken; flushWithin writes them in a savepoint). `transaction`:
+   * the transaction or savepoint the insert rides in, which gives them back if it is undone;
+   * without one (a statement committed on its own), the caller gives them back with restoreTaken.
    */
-  takeUnrefusableRows(): SerializedRow[] | null {
+  takeUnrefusableRows(transaction?: CommonQueryMethods): SerializedRow[] | null {
     if (this.pending.length === 0) return [];
     const rows = this.pending.map(serializedRow);
     if (!rows.every(cannotBeRefused)) return null;
-    this.taken.push(...this.pending.splice(0, this.pending.length));
+    const batch = this.pending.splice(0, this.pending.length);
+    if (transaction === undefined || !onRollback(transaction, () => this.giveBack(batch))) this.taken.push(...batch);
     return rows;
   }
 
   /**
-   * The caller's transaction rolled back: the events it took are buffered again (those `keep`
-   * accepts), ahead of anything recorded since, with their sequence numbers. Events of a transaction
-   * that committed are skipped on insert by their keys, so giving them back stores nothing twice.
+   * A write the trail rode in was not kept. What statements committed on their own took is buffered
+   * again (a transaction's level gave back its own already), ahead of anything recorded since, with
+   * the sequence numbers; then only the buffered events `keep` accepts stay (a run's end that was
+   * not stored). Events a statement did commit are skipped on insert by their keys, so giving them
+   * back stores nothing twice.
    */
-  restoreTaken(keep: (event: { kind: string }) => boolean = () => true): void {
-    const restored = this.taken.filter(keep);
+  restoreTaken(keep?: (event: { kind: string }) => boolean): void {
+    const restored = this.taken;
     this.taken = [];
-    if (restored.length === 0) return;
-    if (this.pending.length === 0) this.oldestPendingAt = Date.now();
-    this.pending.unshift(...restored);
+    this.giveBack(restored);
+    if (keep === undefined) return;
+    for (let index = this.pending.length - 1; index >= 0; index -= 1) if (!keep(this.pending[index]!)) this.pending.splice(index, 1);
   }
 
   /** Records and stores at once; false means the event is not in the trail. */

@@ -206,7 +206,8 @@ export async function applyLinkCeilings(
     if (change.answers === 'tightened') await scrubRunOutputs(transaction, sealer, run.runId, change.next.answerLevel);
     if (change.answers !== 'kept' && run.taskId !== null) await scrubServedTask(transaction, run.taskId, change);
     run.audit.setLevel(change.next.auditLevel);
-    run.audit.record({
+    // Part of this transaction's writes: forgotten if it is undone, so a retry records it once.
+    run.audit.recordWithin(transaction, {
       kind: 'provider_selected',
       meta: {
         provider: link.provider.name,

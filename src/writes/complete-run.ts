@@ -34,9 +34,10 @@ export type CompletionInput = {
   /**
    * The audit trail's last events as rows that can ride in the statement writing the task's result
    * (AuditTrail.takeUnrefusableRows; null when one could be refused); what it does not take,
-   * beforeSettle writes.
+   * beforeSettle writes. Given the transaction they ride in, which gives them back if it rolls back
+   * (before a retry too); a statement committed on its own passes none, and `rolledBack` gives back.
    */
-  takeAuditRows?: () => SerializedRow[] | null;
+  takeAuditRows?: (transaction?: CommonQueryMethods) => SerializedRow[] | null;
   /** The run serves this A2A task (runs.task_id), so task and run are locked together. */
   taskId: string | null;
   /** False when the run stored no artifacts: nothing to merge into the result or to journal. */

@@ -118,7 +118,7 @@ export async function completeRunsTogether(transaction: CommonQueryMethods, seal
     if (!batchable(input, row) || taken.has(input.runId)) continue;
     taken.add(input.runId);
     const outputs = await storedOutputs(transaction, sealer, input, row);
-    const audit = input.takeAuditRows?.() ?? [];
+    const audit = input.takeAuditRows?.(transaction) ?? [];
     await input.beforeSettle?.(transaction);
     batch.push({ index, input, record: completionRecord(sealer, input, knownRows(row), row.tx_now, outputs, audit) });
   }

@@ -63,7 +63,7 @@ export function heldCompletion(fast: FastTask): HeldCompletion {
     taskId: fast.run.id,
     hasOutputs: false,
     held: heldRowsOfFastRun(fast.run),
-    takeAuditRows: () => fast.audit.takeUnrefusableRows(),
+    takeAuditRows: (transaction) => fast.audit.takeUnrefusableRows(transaction),
     beforeSettle: (transaction) => fast.audit.flushWithin(transaction),
     rolledBack: () => {
       fast.rolledBack += 1;

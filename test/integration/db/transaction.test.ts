@@ -3,7 +3,7 @@ import type { AsyncLocalStorage } from 'node:async_hooks';
 import { sql, UniqueIntegrityConstraintViolationError, type CommonQueryMethods } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { TRANSACTION_RETRY_LIMIT } from '../../../src/db/transaction.js';
+import { onRollback, TRANSACTION_RETRY_LIMIT } from '../../../src/db/transaction.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 
 // Keel's pool runs transactions with BEGIN/COMMIT on a pooled connection, not through slonik's
@@ -118,6 +118,70 @@ describe("the pool's transaction()", () => {
       }),
     ).rejects.toMatchObject({ code: '40001' });
     expect(attempts).toBe(TRANSACTION_RETRY_LIMIT + 1);
+  });
+
+  it('gives back what a handler took when its transaction rolls back: last taken first, before the retry, never on a commit', async () => {
+    // The memory a handler takes from (a run's buffered audit events) and what it gives back.
+    const given: string[] = [];
+    let attempts = 0;
+    await db.pool.transaction(async (transaction) => {
+      attempts += 1;
+      expect(given, 'the first attempt gave back before the retry began').toEqual(attempts === 1 ? [] : ['second', 'first']);
+      expect(onRollback(transaction, () => given.push('first'))).toBe(true);
+      expect(onRollback(transaction, () => given.push('second'))).toBe(true);
+      if (attempts === 1) await transaction.query(sql.unsafe`DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'serialization_failure'; END $$`);
+    });
+    expect(attempts).toBe(2);
+    expect(given, 'the committed attempt gave nothing back').toEqual(['second', 'first']);
+
+    const refusal = new Error('the handler refuses');
+    const undone: string[] = [];
+    await expect(
+      db.pool.transaction(async (transaction) => {
+        onRollback(transaction, () => undone.push('taken'));
+        throw refusal;
+      }),
+    ).rejects.toBe(refusal);
+    expect(undone).toEqual(['taken']);
+    // The pool is no transaction: a statement there commits or fails alone.
+    expect(onRollback(db.pool, () => undone.push('never'))).toBe(false);
+  });
+
+  it('gives back at the savepoint that is undone; a savepoint kept gives back with the transaction around it', async () => {
+    const given: string[] = [];
+    await db.pool.transaction(async (transaction) => {
+      onRollback(transaction, () => given.push('outer'));
+      await transaction
+        .transaction(async (nested) => {
+          onRollback(nested, () => given.push('undone savepoint'));
+          throw new Error('undo the savepoint');
+        })
+        .catch(() => undefined);
+      expect(given, 'only the undone savepoint gave back').toEqual(['undone savepoint']);
+      await transaction.transaction(async (nested) => {
+        onRollback(nested, () => given.push('kept savepoint'));
+        await nested.transaction(async (deeper) => {
+          onRollback(deeper, () => given.push('kept two levels down'));
+        });
+      });
+    });
+    expect(given, 'the transaction committed: nothing more given back').toEqual(['undone savepoint']);
+
+    given.length = 0;
+    await expect(
+      db.pool.transaction(async (transaction) => {
+        onRollback(transaction, () => given.push('outer'));
+        await transaction.transaction(async (nested) => {
+          onRollback(nested, () => given.push('kept savepoint'));
+          await nested.transaction(async (deeper) => {
+            onRollback(deeper, () => given.push('kept two levels down'));
+          });
+        });
+        onRollback(transaction, () => given.push('outer, after'));
+        throw new Error('undo the transaction');
+      }),
+    ).rejects.toThrow('undo the transaction');
+    expect(given, 'the transaction rolled back: every level it kept gives back, last taken first').toEqual(['outer, after', 'kept two levels down', 'kept savepoint', 'outer']);
   });
 
   it("never enters slonik's transaction context, so no AsyncLocalStorage is turned on", async () => {
