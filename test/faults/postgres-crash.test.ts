@@ -344,6 +344,8 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       const installation = await suite.install({
         env: {
           ...PRODUCTION_LEASE,
+          // This scenario is the fast path's: it keeps it when the suite runs with runs.directWrites.
+          KEEL_RUNS_DIRECT_WRITES: 'false',
           KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
           KEEL_PROVIDERS: JSON.stringify({ fake: { type: 'openai', baseUrl: model.baseUrl, model: 'fake', timeoutSeconds: 10 }, chunks: CHUNKS }),
           KEEL_AGENTS: JSON.stringify([

@@ -11,6 +11,7 @@ import { TERMINAL_STATES } from './support/load.js';
 import { runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
 import { sleep } from './support/services.js';
 import { useFaultSuite } from './support/suite.js';
+import { SUITE_WRITE_PATH_ENV } from '../support/suite-write-path.js';
 
 // Streams across processes, and graceful shutdown, with real `keel start --role ...` children.
 //
@@ -578,6 +579,9 @@ describe(`graceful shutdown on the ${BACKEND} queue backend`, () => {
 
       const writers = await journalWriters(pool);
       const transitions = await runTransitions(pool);
+      // The all process inserts its tasks' runs claimed (the fast path), or queued and then claims
+      // them when the suite runs with runs.directWrites (test/support/suite-write-path.ts).
+      const startedOnAll = SUITE_WRITE_PATH_ENV.KEEL_RUNS_DIRECT_WRITES === 'true' ? ['∅>queued@all-x', 'queued>running@all-x'] : ['∅>running@all-x'];
       const audit = await runAudit(pool, traces.map((trace) => trace.taskId));
       const problems: string[] = [];
       let streamsEndedWithFinalEvent = 0;
@@ -643,12 +647,12 @@ describe(`graceful shutdown on the ${BACKEND} queue backend`, () => {
         const log = transitionsText(runLog);
         if (agent === 'short') {
           // Finished on X within the grace period, after SIGTERM.
-          if (JSON.stringify(log) !== JSON.stringify(['∅>running@all-x', 'running>completed@all-x'])) say(`run transitions ${log.join(' ')}`);
+          if (JSON.stringify(log) !== JSON.stringify([...startedOnAll, 'running>completed@all-x'])) say(`run transitions ${log.join(' ')}`);
           if (!completion || completion.at_ms < sigtermAt || completion.at_ms > exited.at) say(`completed at ${completion ? completion.at_ms - sigtermAt : 'never'} ms after SIGTERM`);
           if (!facts || facts.claims !== 1 || facts.completions !== 1 || facts.requeue_count !== 0) say(`run audit ${JSON.stringify(facts)}`);
         } else {
           // Released by X (back to queued, not failed, no requeue counted), completed once by the other worker.
-          if (JSON.stringify(log) !== JSON.stringify(['∅>running@all-x', 'running>queued@all-x', 'queued>running@worker-2', 'running>completed@worker-2'])) say(`run transitions ${log.join(' ')}`);
+          if (JSON.stringify(log) !== JSON.stringify([...startedOnAll, 'running>queued@all-x', 'queued>running@worker-2', 'running>completed@worker-2'])) say(`run transitions ${log.join(' ')}`);
           const released = runLog.find((row) => row.old_status === 'running' && row.new_status === 'queued');
           if (!released || released.at_ms < sigtermAt + GRACE_SECONDS * 1000 - 500) say(`released ${released ? released.at_ms - sigtermAt : 'never'} ms after SIGTERM`);
           // Handed over at once: claimed as soon as both the release and the other worker were there.
