@@ -1,4 +1,4 @@
-import type { HeldRows } from '../src/writes/complete-run.js';
+import type { HeldRows } from '../src/writes/completion-input.js';
 import type { RegisteredAgent } from '../src/agents/agent-registry.js';
 import type { FastRun } from '../src/runs/fast-runs.js';
 import { FIRST_CLAIM_REVISION, type RunRow } from '../src/runs/run-row.js';

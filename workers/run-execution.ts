@@ -4,7 +4,7 @@ import type { LoopOutcome, LoopState } from '../machines/agent-loop.machine.js';
 import type { FastRuns } from '../src/runs/fast-runs.js';
 import type { RetryPolicy } from '../src/runs/provider-chain.js';
 import type { CompletionBatch } from '../src/writes/completion-batch.js';
-import type { HeldRows, JournaledEnd } from '../src/writes/complete-run.js';
+import type { HeldRows, JournaledEnd } from '../src/writes/completion-input.js';
 import type { RegisteredAgent } from '../src/agents/agent-registry.js';
 import type { KeelLogger } from '../src/log/logger.js';
 import type { AuditTrail } from '../src/runs/audit-trail.js';

@@ -6,7 +6,9 @@ import type { ArtifactEmission } from '../src/providers/provider.js';
 import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { outputFromEmission } from '../src/runs/run-output-repository.js';
 import { releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
-import { completeRun, failHeldRun, type CompletionInput, type CompletionResult, type FailureInput } from '../src/writes/complete-run.js';
+import { completeRun } from '../src/writes/complete-run.js';
+import { failHeldRun } from '../src/writes/uncommon-ends.js';
+import type { CompletionInput, CompletionResult, FailureInput } from '../src/writes/completion-input.js';
 import { recordAgentStatusMessage } from '../src/tasks/task-repository.js';
 import type { AfterCommit, DrivenRun, EndJournaling, ExecutionReport, ExecutorOptions, RunInHand } from './run-execution.js';
 

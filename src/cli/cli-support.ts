@@ -5,6 +5,7 @@ import { readMigrations } from '../db/migrate.js';
 import { isConnectionError } from '../db/pool.js';
 import { createLogger, type KeelLogger } from '../log/logger.js';
 import { openDatabase, unreachableDatabase } from '../runtime/open-database.js';
+import type { StartOptions } from '../runtime/start-keel.js';
 
 export type GlobalOptions = { config?: string };
 
@@ -70,3 +71,9 @@ export function printTable(rows: ReadonlyArray<Record<string, string>>, columns:
 export function formatTime(ms: number | null): string {
   return ms === null ? '-' : new Date(ms).toISOString();
 }
+
+/**
+ * What only Keel's test harness gives `keel start` (test/support/keel-harness-entry.js calls `main`
+ * with it); the `keel` binary calls `main` without it, so no production start can set it.
+ */
+export type HarnessStartOptions = Pick<StartOptions, 'pushTestTimings'>;

@@ -1,12 +1,5 @@
 import { Command, CommanderError } from 'commander';
-import type { StartOptions } from '../runtime/start-keel.js';
-import { CliExit, EXIT, type GlobalOptions } from './cli-support.js';
-
-/**
- * What only Keel's test harness gives `keel start` (test/support/keel-harness-entry.js calls `main`
- * with it); the `keel` binary calls `main` without it, so no production start can set it.
- */
-export type HarnessStartOptions = Pick<StartOptions, 'pushTestTimings'>;
+import { CliExit, EXIT, type GlobalOptions, type HarnessStartOptions } from './cli-support.js';
 
 type Register = (program: Command, globals: () => GlobalOptions, harness: HarnessStartOptions) => void;
 

@@ -1,8 +1,7 @@
 import type { Command } from 'commander';
 import { createLogger } from '../log/logger.js';
 import { startKeel } from '../runtime/start-keel.js';
-import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions } from './cli-support.js';
-import type { HarnessStartOptions } from './main.js';
+import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions, type HarnessStartOptions } from './cli-support.js';
 
 const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, 'card signing': EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
 

@@ -8,7 +8,7 @@ import { AUDIT_COLUMNS, insertAuditRowsStatement, type AuditRow } from '../runs/
 import { completeRunsStatement, SETTLE_COLUMNS } from '../runs/run-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import type { CompletionInput, CompletionResult, HeldRows, SettledRun } from './complete-run.js';
+import type { CompletionInput, CompletionResult, HeldRows, SettledRun } from './completion-input.js';
 import { completionRecord, journaledEndOf, type CompletionRecord } from './completion-record.js';
 import { insertJournalRowsStatement, JOURNAL_COLUMNS, notifyAllStatement, type JournalRow } from '../tasks/journal-writer.js';
 import { TASK_RESULT_COLUMNS, writeTaskResultsStatement } from '../tasks/task-repository.js';

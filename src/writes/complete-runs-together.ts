@@ -12,8 +12,9 @@ import { AUDIT_COLUMNS, insertAuditRowsStatement, type AuditRow } from '../runs/
 import { appendRunOutputs, listRunOutputs, type StoredRunOutput } from '../runs/run-output-repository.js';
 import { runRow } from '../runs/run-row.js';
 import type { Sealer } from '../sealing/sealer.js';
-import { completeRunAlone, type CompletionInput, type CompletionResult } from './complete-run.js';
-import { completionRecord, journaledEndOf, type CompletionRecord, type KnownRows } from './completion-record.js';
+import { completeRunAlone } from './uncommon-ends.js';
+import type { CompletionInput, CompletionResult, KnownRows } from './completion-input.js';
+import { completionRecord, journaledEndOf, type CompletionRecord } from './completion-record.js';
 import { DEFAULT_PROJECTION_OPTIONS, insertJournalRowsStatement, JOURNAL_COLUMNS, notifyAllStatement, recordEventDeliveries, type JournalRow } from '../tasks/journal-writer.js';
 import { TASK_RESULT_COLUMNS, writeTaskResultsStatement } from '../tasks/task-repository.js';
 

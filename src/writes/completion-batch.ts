@@ -3,7 +3,7 @@ import { GroupCommit, type BatchOptions } from '../db/group-commit.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { completeHeldRuns, writableHeld, type HeldCompletion } from './complete-held-runs.js';
-import type { CompletionInput, CompletionResult } from './complete-run.js';
+import type { CompletionInput, CompletionResult } from './completion-input.js';
 import type { HeldCompleter } from './task-write-batch.js';
 import { completeRunsTogether } from './complete-runs-together.js';
 

@@ -3,13 +3,12 @@ import { auditRowsOf, type AuditRow, type SerializedRow } from '../runs/audit-tr
 import { settleRow } from '../runs/run-repository.js';
 import type { StoredRunOutput } from '../runs/run-output-repository.js';
 import type { ShapedRow } from '../db/row-shape.js';
-import type { PrivacyLevel } from '../privacy/privacy-level.js';
-import type { Artifact, Message, TaskState } from '../protocol/wire.js';
+import type { Artifact, Message } from '../protocol/wire.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { journalEventsSince, journalRows, type CommittedRun, type JournalEventDraft, type JournalHead, type JournalWrite } from '../tasks/journal-writer.js';
 import { prepareTaskResult, taskResultRow, type TaskRow } from '../tasks/task-repository.js';
 import { mergeArtifacts } from '../tasks/merge-artifacts.js';
-import type { CompletionInput, JournaledEnd, SettledRun } from './complete-run.js';
+import type { CompletionInput, JournaledEnd, KnownRows, SettledRun } from './completion-input.js';
 
 // The completion record: everything a run's completion writes, built in one place from the run's
 // outcome and its rows as the writer knows them (docs/architecture.md, "The write path"). Every
@@ -18,23 +17,6 @@ import type { CompletionInput, JournaledEnd, SettledRun } from './complete-run.j
 // and a completion alone (complete-run.ts, through the same batch writer). Their statements differ
 // in shape (one statement that checks what it expects under its lock, or a lock then a write);
 // what they write does not. A field a completion writes is added here, once.
-
-/**
- * A run's and its task's rows as a completion's writer knows them before it writes: as a fast
- * run's insert left them (held, never read) or as read under the writer's lock.
- */
-export type KnownRows = {
-  /** The run's revision before the settle. */
-  runRevision: number;
-  answerLevel: PrivacyLevel;
-  /** When the run started (null: never claimed). */
-  startedAt: number | null;
-  /** The journal's head: its watermark, last sequence and state. */
-  projectedRevision: number;
-  lastSequence: number;
-  projectedState: TaskState;
-  task: { contextId: string; owner: string; agent: string; metadata: Record<string, unknown>; history: Buffer | null; createdAt: number };
-};
 
 /** What a completion writes: its rows for each table, in the row shapes the statements send (row-shape.ts). */
 export type CompletionRecord = {

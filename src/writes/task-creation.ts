@@ -21,7 +21,7 @@ import {
 } from '../tasks/journal-writer.js';
 import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask } from '../tasks/task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
-import type { HeldRows } from './complete-run.js';
+import type { HeldRows } from './completion-input.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
 // fast path) and the task row, with the task's WORKING event for a fast run. The creations of

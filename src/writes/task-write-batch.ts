@@ -17,7 +17,7 @@ import {
   type HeldItem,
   writeHeldItems,
 } from './complete-held-runs.js';
-import type { CompletionResult } from './complete-run.js';
+import type { CompletionResult } from './completion-input.js';
 import {
   checkCreated,
   CREATED_COUNTS,

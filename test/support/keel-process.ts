@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type { HarnessStartOptions } from '../../src/cli/main.js';
+import type { HarnessStartOptions } from '../../src/cli/cli-support.js';
 import { SUITE_WRITE_PATH_ENV } from './suite-write-path.js';
 
 export const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));

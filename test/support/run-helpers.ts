@@ -2,7 +2,7 @@ import { createAgentRun, enqueueRun } from '../../src/runs/create-agent-run.js';
 import { userRequest } from '../../src/runs/run-request.js';
 import type { RunRow } from '../../src/runs/run-row.js';
 import { getRun } from '../../src/runs/run-repository.js';
-import type { SettledRun } from '../../src/writes/complete-run.js';
+import type { SettledRun } from '../../src/writes/completion-input.js';
 import type { DatabasePool } from 'slonik';
 import type { TestKeel } from './test-keel.js';
 import { waitForRunStatus } from './wait-for.js';

@@ -5,7 +5,8 @@ import type { AnswerPresentation } from '../../../machines/agent-loop.machine.js
 import { silentLogger } from '../../../src/log/logger.js';
 import { deliveryIdOf } from '../../../src/push/delivery-id.js';
 import { claimQueuedRun } from '../../../src/runs/run-repository.js';
-import { completeRun, failHeldRun } from '../../../src/writes/complete-run.js';
+import { completeRun } from '../../../src/writes/complete-run.js';
+import { failHeldRun } from '../../../src/writes/uncommon-ends.js';
 import { readJournal } from '../../../src/tasks/journal.js';
 import { projectRun } from '../../../src/tasks/task-projector.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
