@@ -9,6 +9,7 @@ import { startLoad, type LoadOptions } from './support/load.js';
 import { expectClean, expectedEcho, finishScenario, pendingRuns, runsClaimedBy, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
 import { sleep, type CrashMode } from './support/services.js';
 import { useFaultSuite } from './support/suite.js';
+import { SUITE_WRITE_PATH_ENV } from '../support/suite-write-path.js';
 
 // Fault scenario: Postgres crashes under load. Unlike a fast shutdown, a crash (`pg_ctl stop -m
 // immediate`, or SIGKILL of the postmaster) drops every connection while queries are in flight and
@@ -337,15 +338,15 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
     SCENARIO_TIMEOUT_MS,
   );
 
-  it(
+  // The fast path's own scenario: with runs.directWrites (the suite's second write path, .ci/run)
+  // there is no fast path to crash, and the default pass runs it.
+  it.skipIf(SUITE_WRITE_PATH_ENV.KEEL_RUNS_DIRECT_WRITES === 'true')(
     'immediate, one all process on the fast path, a push receiver per task: every task COMPLETED with its result and its COMPLETED pushed, no event under two delivery ids, streams resumed across the crash see no event change or vanish',
     async () => {
       const { postgres, receiver, model } = suite;
       const installation = await suite.install({
         env: {
           ...PRODUCTION_LEASE,
-          // This scenario is the fast path's: it keeps it when the suite runs with runs.directWrites.
-          KEEL_RUNS_DIRECT_WRITES: 'false',
           KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
           KEEL_PROVIDERS: JSON.stringify({ fake: { type: 'openai', baseUrl: model.baseUrl, model: 'fake', timeoutSeconds: 10 }, chunks: CHUNKS }),
           KEEL_AGENTS: JSON.stringify([
