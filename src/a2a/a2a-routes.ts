@@ -3,7 +3,7 @@ import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { ClientAuthenticator } from '../auth/client-authenticator.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
-import { A2AErrors, jsonRpcError, restError } from './a2a-error.js';
+import { A2AErrors, jsonRpcError, restError, type A2AError } from './a2a-error.js';
 import type { A2AService } from './a2a-service.js';
 import { A2A_JSON, headerValue, RESPONSE_JSON, type Gate, type RequestGate } from './binding-support.js';
 import { registerCardRoutes } from './card-routes.js';
@@ -113,8 +113,36 @@ export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): voi
         ? A2AErrors.invalidRequest(error.message)
         : A2AErrors.internal('internal error');
     if ((error.statusCode ?? 500) >= 500) logger.error({ err: error, url: request.url }, 'request failed');
-    const isRpc = request.method === 'POST' && /^\/a2a\/[^/]+\/?$/.test(request.url.split('?')[0]!);
-    if (isRpc) return reply.code(tooLarge ? 200 : a2aError.httpStatus === 500 ? 500 : 200).type('application/json').send({ jsonrpc: '2.0', id: null, error: jsonRpcError(a2aError) });
-    return reply.code(a2aError.httpStatus).type(RESPONSE_JSON).send(restError(a2aError));
+    const answer = a2aErrorAnswer(request.method, request.url, a2aError);
+    return reply.code(answer.status).type(answer.contentType).send(answer.body);
   });
+}
+
+/** An answer written before (or without) a route: its status, content type and body. */
+export type ErrorAnswer = { status: number; contentType: string; body: string };
+
+/**
+ * An A2A error in the shape of the binding a request was addressed to: a POST to /a2a/<agent> is a
+ * JSON-RPC call and gets its error object (HTTP 200, as every JSON-RPC error but an internal one);
+ * anything else under /a2a/<agent> gets the HTTP+JSON error with the error's HTTP status.
+ */
+export function a2aErrorAnswer(method: string, url: string, error: A2AError): ErrorAnswer {
+  const isRpc = method === 'POST' && /^\/a2a\/[^/]+\/?$/.test(url.split('?')[0]!);
+  if (isRpc) return { status: error.httpStatus === 500 ? 500 : 200, contentType: 'application/json', body: JSON.stringify({ jsonrpc: '2.0', id: null, error: jsonRpcError(error) }) };
+  return { status: error.httpStatus, contentType: RESPONSE_JSON, body: JSON.stringify(restError(error)) };
+}
+
+/** Whether a request line's target is under an A2A agent's endpoint (its JSON-RPC or HTTP+JSON binding or its card). */
+export function isA2AAgentPath(url: string): boolean {
+  return /^\/a2a\/[^/?#]+(\/|\?|$)/.test(url);
+}
+
+/**
+ * The answer to a request refused before routing (a URL Fastify cannot decode, a path parameter over
+ * its length limit, headers larger than Node's parser accepts): under an A2A agent's endpoint, the
+ * binding's error shape with the refusal's HTTP status; elsewhere a plain JSON error. Never HTML.
+ */
+export function refusedRequestAnswer(method: string | null, url: string | null, status: number, message: string): ErrorAnswer {
+  if (method !== null && url !== null && isA2AAgentPath(url)) return a2aErrorAnswer(method, url, { ...A2AErrors.invalidRequest(message), httpStatus: status });
+  return { status, contentType: 'application/json', body: JSON.stringify({ error: message, statusCode: status }) };
 }

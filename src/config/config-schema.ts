@@ -85,11 +85,21 @@ const cardSigningSchema = z
   })
   .strict();
 
+// Failed operator-UI logins per source address (src/ui/login-throttle.ts): after maxFailures
+// within windowSeconds of the first, the address gets 429 until that window ends.
+const operatorLoginSchema = z
+  .object({
+    maxFailures: z.number().int().min(1).max(10_000).default(10),
+    windowSeconds: z.number().min(0.1).max(86_400).default(300),
+  })
+  .strict();
+
 const securitySchema = z
   .object({
     masterKeyFile: z.string().min(1).optional(),
     addressGuard: addressGuardSchema.default({}),
     cardSigning: cardSigningSchema.optional(),
+    operatorLogin: operatorLoginSchema.default({}),
   })
   .strict();
 

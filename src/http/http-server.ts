@@ -1,4 +1,6 @@
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import { maxHeaderSize, STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from 'fastify';
 import type { Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 
@@ -9,7 +11,31 @@ export type HttpServerOptions = {
   logger: KeelLogger;
   bodyLimitBytes: number;
   readiness: ReadinessCheck;
+  /**
+   * The body of a request refused before routing (bad percent-encoding 400, an over-long path
+   * parameter 414, oversized headers 431, a request Node cannot parse 400, a request timeout 408);
+   * method and url are null when the request line was not read. By default a plain JSON error.
+   */
+  refusedRequestAnswer?: RefusedRequestAnswer;
 };
+
+export type RefusedRequestAnswer = (method: string | null, url: string | null, status: number, message: string) => { status: number; contentType: string; body: string };
+
+/** The longest path parameter the router accepts (Fastify's default): a longer one is 414. */
+export const MAX_PARAM_LENGTH = 100;
+
+const plainJsonAnswer: RefusedRequestAnswer = (_method, _url, status, message) => ({ status, contentType: 'application/json', body: JSON.stringify({ error: message, statusCode: status }) });
+
+/**
+ * The method and target at the start of the bytes Node's parser refused, if they are there (the
+ * chunk being parsed: a request written at once starts it). A target too long to end within them is
+ * cut: its start still says which binding it was addressed to.
+ */
+function requestLineOf(raw: unknown): { method: string; url: string } | null {
+  if (!Buffer.isBuffer(raw)) return null;
+  const match = /^([A-Z]{1,16}) (\/[\x21-\x7e]*)/.exec(raw.subarray(0, 8192).toString('latin1'));
+  return match ? { method: match[1]!, url: match[2]! } : null;
+}
 
 /**
  * The Fastify server of a Keel process. `/healthz` says the process is alive; `/readyz` says it can
@@ -17,6 +43,7 @@ export type HttpServerOptions = {
  * reason of each failing probe.
  */
 export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
+  const refusedAnswer = options.refusedRequestAnswer ?? plainJsonAnswer;
   const app = Fastify({
     loggerInstance: options.logger.child({ component: 'http' }) as unknown as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: true }),
@@ -24,6 +51,39 @@ export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
     return503OnClosing: true,
     // At shutdown idle keep-alive connections are closed at once; streams end on their own.
     forceCloseConnections: 'idle',
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // Refusals Fastify makes before routing go out in the shape of the binding addressed (or plain
+    // JSON), never Fastify's own body.
+    frameworkErrors: (error, request, reply) => {
+      const status = error.code === 'FST_ERR_BAD_URL' ? 400 : error.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 414 : (error.statusCode ?? 400);
+      const message =
+        status === 400 && error.code === 'FST_ERR_BAD_URL'
+          ? 'the URL is not validly percent-encoded'
+          : status === 414
+            ? `a path segment is longer than ${MAX_PARAM_LENGTH} characters`
+            : error.message;
+      const answer = refusedAnswer(request.method, request.url, status, message);
+      void (reply as unknown as FastifyReply).code(answer.status).type(answer.contentType).send(answer.body);
+    },
+    // Oversized headers and unparseable requests are refused by Node's parser, before Fastify sees
+    // a request: the answer is written on the socket, which then closes.
+    clientErrorHandler: (error: Error & { code?: string; rawPacket?: unknown }, socket: Socket) => {
+      if (error.code === 'ECONNRESET' || socket.destroyed) return;
+      const [status, message] =
+        error.code === 'HPE_HEADER_OVERFLOW'
+          ? [431, `the request's headers are larger than ${maxHeaderSize} bytes`]
+          : error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+            ? [408, 'the request did not arrive in time']
+            : [400, 'the request could not be parsed'];
+      const line = requestLineOf(error.rawPacket);
+      const answer = refusedAnswer(line?.method ?? null, line?.url ?? null, status, message);
+      if (socket.writable) {
+        socket.write(
+          `HTTP/1.1 ${answer.status} ${STATUS_CODES[answer.status] ?? ''}\r\nContent-Type: ${answer.contentType}\r\nContent-Length: ${Buffer.byteLength(answer.body)}\r\nConnection: close\r\n\r\n${answer.body}`,
+        );
+      }
+      socket.destroy(error);
+    },
   });
 
   app.get('/healthz', async () => ({ status: 'ok' }));

@@ -24,7 +24,7 @@ import { RemoteAgents } from '../remote/remote-agents.js';
 import { cardSignerFor, loadCardKeyFiles } from '../cards/card-trust.js';
 import { registerOperatorSurfaces } from '../ui/operator-surfaces.js';
 import { A2AService } from '../a2a/a2a-service.js';
-import { registerA2ARoutes } from '../a2a/a2a-routes.js';
+import { refusedRequestAnswer, registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { hostPort } from '../a2a/agent-card.js';
 import { GrpcServer } from '../a2a/grpc-binding.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
@@ -257,6 +257,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const http = buildHttpServer({
     logger,
     bodyLimitBytes: config.server.bodyLimitBytes,
+    refusedRequestAnswer,
     readiness: async () => {
       const [databaseProbe, queueProbe] = await Promise.all([probeDatabase(database.pool, READINESS_TIMEOUT_MS), queues.probe(READINESS_TIMEOUT_MS)]);
       return { database: databaseProbe, queue: queueProbe };

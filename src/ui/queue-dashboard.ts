@@ -12,6 +12,18 @@ import type { KeelQueues } from '../queue/keel-queues.js';
 
 export const QUEUE_DASHBOARD_PATH = '/ui/queues';
 
+/**
+ * The dashboard page's Content-Security-Policy: its own scripts, styles and images only (bull-board
+ * renders inline styles; its config block is JSON, never run), requests to this origin only.
+ */
+export const QUEUE_DASHBOARD_CSP =
+  "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'self'";
+
+/** bull-board's page links web fonts from a public host: Keel serves nothing from elsewhere (and works offline), so the links go and the system fonts show. */
+export function withoutExternalLinks(html: string): string {
+  return html.replace(/<link\b[^>]*\bhref="(?:https?:)?\/\/[^"]*"[^>]*>\s*/gi, '');
+}
+
 export async function registerQueueDashboard(scope: FastifyInstance, queues: KeelQueues): Promise<void> {
   const serverAdapter = new FastifyAdapter();
   serverAdapter.setBasePath(QUEUE_DASHBOARD_PATH);
@@ -36,5 +48,13 @@ export async function registerQueueDashboard(scope: FastifyInstance, queues: Kee
       },
     },
   });
-  await scope.register(serverAdapter.registerPlugin() as never, { prefix: '/queues' });
+  await scope.register(async (dashboard) => {
+    dashboard.addHook('onSend', async (_request, reply, payload) => {
+      const type = reply.getHeader('content-type');
+      if (typeof type !== 'string' || !type.startsWith('text/html')) return payload;
+      reply.header('content-security-policy', QUEUE_DASHBOARD_CSP);
+      return typeof payload === 'string' ? withoutExternalLinks(payload) : payload;
+    });
+    await dashboard.register(serverAdapter.registerPlugin() as never, { prefix: '/queues' });
+  });
 }

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { validateHeaderValue } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { DatabasePool } from 'slonik';
 import type { AgentRegistry } from '../agents/agent-registry.js';
@@ -16,6 +17,7 @@ import { agentMachinesOf, countAgentStates, runMachineView } from './agent-machi
 import { closeSession, csrfMatches, findSession, openSession, SESSION_TTL_MS, type AdminSession } from './admin-auth.js';
 import { html, type Html } from './html.js';
 import { page, type NavKey } from './layout.js';
+import { LoginThrottle } from './login-throttle.js';
 import { loadMachineCatalog, type CatalogEntry } from './machine-catalog.js';
 import { countStates, listStateRows } from './machine-rows.js';
 import {
@@ -95,10 +97,28 @@ function isPage(request: FastifyRequest): boolean {
   return SAFE_METHODS.has(request.method) && !path.startsWith('/ui/api/') && !path.startsWith(`${QUEUE_DASHBOARD_PATH}/api/`) && !path.startsWith(`${QUEUE_DASHBOARD_PATH}/static/`);
 }
 
-/** A `next` that stays inside the UI (no open redirect). */
-function safeNext(value: unknown): string {
-  if (typeof value !== 'string' || !/^\/ui(\/|$|\?)/.test(value) || value.startsWith('//') || value.includes('\\') || value.startsWith('/ui/login')) return '/ui/machines';
-  return value;
+/** Where a login goes when its `next` is not a safe path inside the UI. */
+export const LOGIN_DEFAULT_NEXT = '/ui/machines';
+const NEXT_BASE = 'http://keel.invalid';
+
+/**
+ * A `next` that stays inside the UI (no open redirect) and can be sent as a Location header: the
+ * value is resolved against a placeholder origin as a browser would (so `/\\evil`, `//evil` and
+ * `/ui/../x` show what they are), must stay on that origin under /ui, and is sent re-serialized, its
+ * non-ASCII and control characters percent-encoded. Anything else is the default.
+ */
+export function safeNext(value: unknown): string {
+  if (typeof value !== 'string' || !value.startsWith('/') || value.startsWith('//') || value.includes('\\')) return LOGIN_DEFAULT_NEXT;
+  let url: URL;
+  try {
+    url = new URL(value, NEXT_BASE);
+  } catch {
+    return LOGIN_DEFAULT_NEXT;
+  }
+  if (url.origin !== NEXT_BASE || !/^\/ui(\/|$)/.test(url.pathname) || url.pathname.startsWith('/ui/login')) return LOGIN_DEFAULT_NEXT;
+  const next = `${url.pathname}${url.search}`;
+  // Printable ASCII only: what the URL serializer leaves unencoded, and all a header may carry.
+  return /^\/ui[\x21-\x7e]*$/.test(next) && !next.startsWith('//') ? next : LOGIN_DEFAULT_NEXT;
 }
 
 const flashes: Record<string, { kind: 'ok' | 'error'; text: string }> = {
@@ -143,6 +163,8 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   const entryOf = (id: string): CatalogEntry | undefined => catalog.find((entry) => entry.id === id);
   const agentMachines = agentMachinesOf(deps.registry);
   const secureCookie = config.server.publicUrl.startsWith('https:');
+  const loginSettings = config.security.operatorLogin;
+  const loginThrottle = new LoginThrottle({ maxFailures: loginSettings.maxFailures, windowMs: loginSettings.windowSeconds * 1000 });
   const publicOrigin = (() => {
     try {
       return new URL(config.server.publicUrl).origin;
@@ -236,10 +258,26 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   scope.post('/login', async (request, reply) => {
     const body = (request.body ?? {}) as Record<string, unknown>;
     const next = safeNext(body.next);
+    const address = request.ip;
+    const admission = loginThrottle.admit(address);
+    if (!admission.admitted) {
+      return reply.code(429).header('retry-after', String(admission.retryAfterSeconds)).type('text/plain; charset=utf-8').send('Too many failed logins from this address; try again later.');
+    }
     const token = typeof body.token === 'string' ? body.token.trim() : '';
+    // The answer's headers are checked before a session row is written: a row whose cookie could
+    // not be sent would be a session nobody holds.
+    const maxAge = Math.floor(SESSION_TTL_MS / 1000);
+    const cookieFor = (sessionId: string) => `${SESSION_COOKIE}=${sessionId}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=${maxAge}${secureCookie ? '; Secure' : ''}`;
+    validateHeaderValue('location', next);
+    validateHeaderValue('set-cookie', cookieFor('A'.repeat(43)));
     const opened = token ? await openSession(pool, token) : null;
     if (!opened) {
-      log.warn({ ip: request.ip }, 'operator login refused');
+      if (loginThrottle.failed(address).firstInWindow) {
+        log.warn(
+          { ip: address, windowSeconds: loginSettings.windowSeconds, maxFailures: loginSettings.maxFailures },
+          'operator login refused; further refusals from this address in this window are counted, not logged',
+        );
+      }
       const nonce = randomBytes(16).toString('base64');
       return reply
         .code(401)
@@ -247,11 +285,9 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
         .type('text/html; charset=utf-8')
         .send(page({ title: 'Log in', nav: null, nonce }, loginContent(next, 'That is not a valid admin token.')));
     }
+    loginThrottle.succeeded(address);
     log.info({ operator: opened.tokenName }, 'operator logged in');
-    const maxAge = Math.floor(SESSION_TTL_MS / 1000);
-    return reply
-      .header('set-cookie', `${SESSION_COOKIE}=${opened.sessionId}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=${maxAge}${secureCookie ? '; Secure' : ''}`)
-      .redirect(next, 303);
+    return reply.header('set-cookie', cookieFor(opened.sessionId)).redirect(next, 303);
   });
 
   scope.get('/logout', async (request, reply) => {
