@@ -22,6 +22,8 @@ export type GateOptions = {
   destinationSlots: number;
   breakerFailures: number;
   breakerCooldownMs: number;
+  /** The longest an attempt can take (push.timeoutSeconds): the most a probe keeps the others waiting. */
+  attemptTimeoutMs: number;
 };
 
 export type GateAnswer =
@@ -33,6 +35,8 @@ type Destination = {
   breaker: BreakerState;
   consecutiveFailures: number;
   openedAt: number;
+  /** When the current probe was sent (half-open). */
+  probeAt: number;
   /** Deliveries deferred here and not granted since (the destination's backlog in this process). */
   waiting: Set<string>;
   lastSeen: number;
@@ -79,9 +83,15 @@ export class DestinationGate {
       if (remaining > 0) return this.#defer(place, deliveryId, 'breaker_open', jitter(remaining));
       if (this.#inFlight >= this.#options.slots) return this.#defer(place, deliveryId, 'slots_full', jitter(100));
       place.breaker = 'half_open';
+      place.probeAt = now;
       return this.#grant(place, this.#owner(owner, now), deliveryId, true);
     }
-    if (place.breaker === 'half_open') return this.#defer(place, deliveryId, 'probing', jitter(Math.min(1_000, this.#options.breakerCooldownMs)));
+    if (place.breaker === 'half_open') {
+      // The others wait for the probe's end, at most its timeout: polling meanwhile costs a job
+      // per waiting delivery each time and cannot send anything.
+      const probeLeft = place.probeAt + this.#options.attemptTimeoutMs - now;
+      return this.#defer(place, deliveryId, 'probing', jitter(Math.max(250, probeLeft)));
+    }
     // Only a delivery that could be sent now makes its client one with work: a backlog behind an
     // open breaker does not shrink the other clients' shares.
     const client = this.#owner(owner, now);
@@ -125,7 +135,7 @@ export class DestinationGate {
   #destination(key: string, now: number): Destination {
     let place = this.#destinations.get(key);
     if (!place) {
-      place = { inFlight: 0, breaker: 'closed', consecutiveFailures: 0, openedAt: 0, waiting: new Set(), lastSeen: now };
+      place = { inFlight: 0, breaker: 'closed', consecutiveFailures: 0, openedAt: 0, probeAt: 0, waiting: new Set(), lastSeen: now };
       this.#destinations.set(key, place);
     }
     place.lastSeen = now;

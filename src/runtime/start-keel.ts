@@ -259,6 +259,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       destinationSlots: delivery.options.destinationSlots,
       breakerFailures: delivery.options.breakerFailures,
       breakerCooldownMs: delivery.options.breakerCooldownMs,
+      attemptTimeoutMs: delivery.options.timeoutMs,
     });
     pushDestinations.gate = pushGate;
     // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,

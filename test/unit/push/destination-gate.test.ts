@@ -5,7 +5,7 @@ import { DestinationGate, destinationOf, type GateAnswer } from '../../../src/pu
 
 function gateAt(start = 1_000) {
   let now = start;
-  const gate = new DestinationGate({ slots: 16, destinationSlots: 4, breakerFailures: 3, breakerCooldownMs: 1_000 }, () => now);
+  const gate = new DestinationGate({ slots: 16, destinationSlots: 4, breakerFailures: 3, breakerCooldownMs: 1_000, attemptTimeoutMs: 3_000 }, () => now);
   return { gate, advance: (ms: number) => (now += ms) };
 }
 
