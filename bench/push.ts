@@ -24,13 +24,19 @@ import { fmt, percentile, withBenchDatabase } from './support.js';
 //          commit (a2a_events.created_at) to its receipt, p50 and p99;
 //   drain  the receiver first answers 401, so every config pauses while all 10,000 events are
 //          journaled; then it answers 200 and every config is resumed at once: deliveries per
-//          second of a full outbox (the push pipeline alone, nothing else running).
+//          second of a full outbox (the push pipeline alone, nothing else running);
+//   hung   drain, with BENCH_PUSH_HUNG_TASKS more tasks whose configs point at
+//          BENCH_PUSH_HUNG_DESTINATIONS receivers that accept and never answer (each its own port):
+//          the healthy configs' deliveries per second as a share of drain's (push isolation,
+//          docs/push.md "Isolation"; the goal is at least 80 %). Runs drain first if it is not asked.
 // Prints figures; asserts nothing, except that every event was delivered, in order per config.
 //
 // Environment:
 //   BENCH_PUSH_CONFIGS       configs (= tasks) (100)
 //   BENCH_PUSH_EVENTS        events in total, spread evenly over the configs (10000)
-//   BENCH_PUSH_MODES         live,drain (both)
+//   BENCH_PUSH_MODES         live,drain,hung (all three)
+//   BENCH_PUSH_HUNG_TASKS    tasks pushing to hung receivers in hung mode (48)
+//   BENCH_PUSH_HUNG_DESTINATIONS  hung receivers in hung mode (2)
 //   BENCH_PUSH_CONCURRENCY   KEEL_PUSH_CONCURRENCY of the Keel child (Keel's default, 16)
 //   BENCH_KEEL_QUEUE         redis | postgres (redis; Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379)
 //   BENCH_KEEL_LOG_LEVEL     KEEL_LOG_LEVEL of the Keel child (warn)
@@ -56,8 +62,13 @@ const totalEvents = positiveInteger('BENCH_PUSH_EVENTS', 10_000);
 const eventsPerTask = Math.floor(totalEvents / configs);
 if (eventsPerTask < 4) fail('BENCH_PUSH_EVENTS must give every config at least 4 events');
 const artifactSteps = eventsPerTask - 3;
-const modes = (process.env.BENCH_PUSH_MODES ?? 'live,drain').split(',').map((mode) => mode.trim());
-for (const mode of modes) if (mode !== 'live' && mode !== 'drain') fail(`BENCH_PUSH_MODES: unknown mode "${mode}"`);
+type Mode = 'live' | 'drain' | 'hung';
+const modes = (process.env.BENCH_PUSH_MODES ?? 'live,drain,hung').split(',').map((mode) => mode.trim()) as Mode[];
+for (const mode of modes) if (mode !== 'live' && mode !== 'drain' && mode !== 'hung') fail(`BENCH_PUSH_MODES: unknown mode "${mode}"`);
+// hung is read as a share of drain: drain runs first when only hung is asked.
+if (modes.includes('hung') && !modes.includes('drain')) modes.splice(modes.indexOf('hung'), 0, 'drain');
+const hungTasks = positiveInteger('BENCH_PUSH_HUNG_TASKS', 48);
+const hungDestinations = positiveInteger('BENCH_PUSH_HUNG_DESTINATIONS', 2);
 const pushConcurrency = process.env.BENCH_PUSH_CONCURRENCY;
 const keelQueue = process.env.BENCH_KEEL_QUEUE ?? 'redis';
 if (keelQueue !== 'redis' && keelQueue !== 'postgres') fail(`BENCH_KEEL_QUEUE: expected redis or postgres, got "${keelQueue}"`);
@@ -86,6 +97,23 @@ function startReceiver(answer: () => number): Promise<{ server: Server; url: str
     server.listen(0, '127.0.0.1', () => {
       const port = (server.address() as AddressInfo).port;
       resolve({ server, url: `http://127.0.0.1:${port}/hook`, receipts });
+    });
+  });
+}
+
+/** A receiver that accepts every connection and request and never answers. */
+function startHungReceiver(): Promise<{ server: Server; url: string; requests: () => number }> {
+  let requests = 0;
+  const server = createHttpServer((request) => {
+    request.resume();
+    request.on('end', () => {
+      requests += 1;
+    });
+  });
+  return new Promise((resolve) => {
+    server.listen(0, '127.0.0.1', () => {
+      const port = (server.address() as AddressInfo).port;
+      resolve({ server, url: `http://127.0.0.1:${port}/hook`, requests: () => requests });
     });
   });
 }
@@ -192,7 +220,9 @@ async function dropRedisKeys(prefix: string): Promise<void> {
 // One mode.
 
 type ModeResult = {
-  mode: 'live' | 'drain';
+  mode: Mode;
+  /** hung: requests the hung receivers got (each held until Keel's timeout). */
+  hungRequests?: number;
   events: number;
   delivered: number;
   requests: number;
@@ -211,11 +241,12 @@ type ModeResult = {
 
 const deliveryTiming = z.object({ id: z.string(), task_id: z.string(), config_id: z.string(), event_sequence: z.number(), state: z.string(), committed_ms: z.number() });
 
-async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
+async function runMode(mode: Mode): Promise<ModeResult> {
   return withBenchDatabase(async (databaseUrl) => {
     const dataDir = mkdtempSync(join(tmpdir(), 'keel-bench-push-'));
     let status = mode === 'live' ? 200 : 401;
     const receiver = await startReceiver(() => status);
+    const hung = mode === 'hung' ? await Promise.all(Array.from({ length: hungDestinations }, () => startHungReceiver())) : [];
     const keel = await startKeelChild(databaseUrl, dataDir);
     const pool = await createDatabasePool(databaseUrl, { maximumPoolSize: 4 });
     const backend: QueueBackend = keelQueue === 'redis' ? { kind: 'redis', url: redisUrl, prefix: keel.prefix } : { kind: 'postgres', connectionString: databaseUrl, prefix: keel.prefix };
@@ -225,9 +256,13 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
       const started = Date.now();
       // The tasks, each with its push config embedded in SendMessage (returning at once).
       const taskIds: string[] = [];
-      for (let batch = 0; batch < configs; batch += 20) {
+      // In hung mode the hung tasks come after the healthy ones, under config id 'hung'.
+      const sendTasks = mode === 'hung' ? configs + hungTasks : configs;
+      for (let batch = 0; batch < sendTasks; batch += 20) {
         const sent = await Promise.all(
-          Array.from({ length: Math.min(20, configs - batch) }, async (_, index) => {
+          Array.from({ length: Math.min(20, sendTasks - batch) }, async (_, index) => {
+            const number = batch + index;
+            const push = number < configs ? { id: 'bench', url: receiver.url } : { id: 'hung', url: hung[number % hung.length]!.url };
             const response = await fetch(`${keel.origin}/a2a/burst`, {
               method: 'POST',
               headers: { 'content-type': 'application/json', 'a2a-version': '1.0' },
@@ -237,7 +272,7 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
                 method: 'SendMessage',
                 params: {
                   message: { messageId: `bench-push-${batch + index}`, role: 'ROLE_USER', parts: [{ text: `task ${batch + index}` }] },
-                  configuration: { returnImmediately: true, taskPushNotificationConfig: { id: 'bench', url: receiver.url } },
+                  configuration: { returnImmediately: true, taskPushNotificationConfig: push },
                 },
               }),
             });
@@ -246,7 +281,7 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
             return body.result.task.id;
           }),
         );
-        taskIds.push(...sent);
+        taskIds.push(...sent.slice(0, Math.max(0, configs - batch)));
       }
 
       const expected = configs * eventsPerTask;
@@ -258,22 +293,22 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
         }
       };
       let resumedAt = 0;
-      if (mode === 'drain') {
+      if (mode === 'drain' || mode === 'hung') {
         // Every event journaled and every config paused, then all resumed at once.
-        await progress('every task to end', async () => (await count(sql.fragment`a2a_tasks WHERE state = 'TASK_STATE_COMPLETED'`)) === configs, 600_000);
+        await progress('every task to end', async () => (await count(sql.fragment`a2a_tasks WHERE state = 'TASK_STATE_COMPLETED'`)) === sendTasks, 600_000);
         await progress('every config to pause', async () => (await count(sql.fragment`push_configs WHERE state = 'paused'`)) === configs, 120_000);
-        await progress('every delivery row', async () => (await count(sql.fragment`push_deliveries WHERE state = 'pending'`)) >= expected, 60_000);
+        await progress('every delivery row', async () => (await count(sql.fragment`push_deliveries WHERE state = 'pending' AND config_id = 'bench'`)) >= expected, 60_000);
         status = 200;
         receiver.receipts.length = 0;
         resumedAt = Date.now();
         await Promise.all(taskIds.map((taskId) => resumePushConfig({ pool, queues }, taskId, 'bench')));
       }
-      await progress('every delivery', async () => (await count(sql.fragment`push_deliveries WHERE state <> 'pending'`)) >= expected, 900_000);
+      await progress('every delivery', async () => (await count(sql.fragment`push_deliveries WHERE state <> 'pending' AND config_id = 'bench'`)) >= expected, 900_000);
       const finished = Date.now();
 
       const rows = await pool.any(sql.type(deliveryTiming)`
         SELECT d.id, d.task_id, d.config_id, d.event_sequence, d.state, (extract(epoch FROM e.created_at) * 1000)::float8 AS committed_ms
-        FROM push_deliveries d JOIN a2a_events e ON e.task_id = d.task_id AND e.sequence = d.event_sequence`);
+        FROM push_deliveries d JOIN a2a_events e ON e.task_id = d.task_id AND e.sequence = d.event_sequence WHERE d.config_id = 'bench'`);
       const delivered = rows.filter((row) => row.state === 'delivered');
       const acknowledged = new Map<string, number>();
       let requests = 0;
@@ -318,6 +353,7 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
         p99: percentile(delays, 99),
         max: delays.at(-1) ?? Number.NaN,
         ...(mode === 'live' ? { productionMs: Math.max(...committed) - Math.min(...committed) } : {}),
+        ...(mode === 'hung' ? { hungRequests: hung.reduce((sum, one) => sum + one.requests(), 0) } : {}),
       };
     } finally {
       await queues.close().catch(() => undefined);
@@ -325,6 +361,10 @@ async function runMode(mode: 'live' | 'drain'): Promise<ModeResult> {
       await keel.stop();
       await new Promise<void>((resolve) => receiver.server.close(() => resolve()));
       receiver.server.closeAllConnections();
+      for (const one of hung) {
+        one.server.closeAllConnections();
+        await new Promise<void>((resolve) => one.server.close(() => resolve()));
+      }
       await dropRedisKeys(keel.prefix);
       rmSync(dataDir, { recursive: true, force: true });
     }
@@ -338,7 +378,7 @@ console.log('');
 console.log(`bench:push — ${configs} configs × ${eventsPerTask} events = ${configs * eventsPerTask} deliveries to a local receiver, Keel child on the ${keelQueue} queue, push concurrency ${pushConcurrency ?? '16 (default)'}`);
 console.log(`machine: ${cores.length} cores (${cores[0]?.model.trim() ?? 'unknown CPU'}), ${fmt(totalmem() / 2 ** 30)} GiB, ${platform()} ${arch()}, node ${process.version}; ${new Date().toISOString()}`);
 const results: ModeResult[] = [];
-for (const mode of modes as Array<'live' | 'drain'>) {
+for (const mode of modes) {
   const result = await runMode(mode);
   results.push(result);
   const ok = result.delivered === result.events && result.orderViolations === 0 ? 'all delivered, in order' : `${result.delivered}/${result.events} delivered, ${result.orderViolations} order violations`;
@@ -346,6 +386,13 @@ for (const mode of modes as Array<'live' | 'drain'>) {
     console.log(
       `live:  ${fmt(result.rate, 0)} deliveries/s (${result.delivered} in ${fmt(result.windowMs / 1000, 2)} s from the first commit to the last receipt; the agents took ${fmt(result.productionMs! / 1000, 2)} s to journal them); ` +
         `commit → receipt p50 ${fmt(result.p50, 0)} ms, p99 ${fmt(result.p99, 0)} ms, max ${fmt(result.max, 0)} ms; ${result.requests} requests, ${result.duplicates} duplicates; ${ok}`,
+    );
+  } else if (mode === 'hung') {
+    const baseline = results.find((candidate) => candidate.mode === 'drain')!;
+    console.log(
+      `hung:  ${fmt(result.rate, 0)} deliveries/s to the healthy receiver (${result.delivered} pending deliveries of ${configs} paused configs, resumed at once, all received in ${fmt(result.windowMs / 1000, 2)} s) ` +
+        `beside ${hungTasks} tasks pushing to ${hungDestinations} receivers that never answer (${result.hungRequests} requests held); ` +
+        `${fmt((result.rate / baseline.rate) * 100, 0)} % of drain's ${fmt(baseline.rate, 0)}/s (goal ≥ 80 %); resume → receipt p50 ${fmt(result.p50, 0)} ms, p99 ${fmt(result.p99, 0)} ms; ${ok}`,
     );
   } else {
     console.log(

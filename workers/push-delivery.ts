@@ -14,6 +14,7 @@ import {
   type OutcomeWrite,
 } from '../src/push/delivery-repository.js';
 import type { DeliveryOptions } from '../src/push/delivery-options.js';
+import { destinationOf, type DestinationGate } from '../src/push/destination-gate.js';
 import { pushConfigContext } from '../src/push/push-config-repository.js';
 import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/context/keel-context.js';
@@ -25,7 +26,8 @@ import { readJournalEventToSend } from '../src/tasks/journal.js';
 // attempts left and the config's state, and count the attempt. Then one POST of the bare
 // StreamResponse through the address guard; its result is classified (src/push/attempt-outcome.ts)
 // and the outcome recorded in one transaction. The next delivery of the config is woken when this
-// one ends.
+// one ends. Between the checks and the count, the destination gate (src/push/destination-gate.ts)
+// grants the attempt a slot or defers it without counting it: its job ends and comes back later.
 
 export type AttemptOutcome =
   | { kind: 'delivered' }
@@ -51,7 +53,10 @@ function retryAfter(header: string | undefined): number | undefined {
   return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
 }
 
-export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions) {
+/** The most bytes of a 2xx answer read: the status is the acknowledgement, the rest is discarded. */
+const ANSWER_PREFIX_BYTES = 64 * 1024;
+
+export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions, gate: DestinationGate) {
   const { pool, sealer, queues, logger } = context;
 
   /**
@@ -98,7 +103,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     if (head && head.id !== delivery.id) await wakeHead(delivery, head, true);
   }
 
-  async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped'> {
+  async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped' | 'deferred'> {
     const log = logger.child({ deliveryId: delivery.id, taskId: delivery.task_id, configId: delivery.config_id });
     if (await cancelIfConfigGone(delivery)) return 'skipped';
     if (delivery.config_state === 'paused' || delivery.behind) return 'skipped';
@@ -107,8 +112,9 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       await queues.ensureJob('push', `${deliveryJobId(delivery.id, delivery.attempts)}-at${delivery.next_attempt_at}`, { deliveryId: delivery.id }, { delayMs: delivery.next_attempt_at - Date.now() });
       return 'skipped';
     }
-    // The deadline is not checked here, on this worker's clock: beginAttempt checks it below, in
-    // the statement that counts the attempt, on the database's.
+    // The deadline of an attempt is not checked here, on this worker's clock: beginAttempt checks it
+    // below, in the statement that counts the attempt, on the database's. (Only a deferred one,
+    // which sends nothing either way, is expired on this worker's clock.)
     if (delivery.credentials && !isPushAuthScheme(delivery.auth_scheme)) {
       // A config stored before only Bearer was accepted: its credential was meant for another
       // scheme and is never sent, under that scheme or as a Bearer token. Final, like any stop.
@@ -127,6 +133,37 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       credentials = opened.value;
     }
 
+    const destination = destinationOf(delivery.url);
+    const slot = gate.acquire(destination, delivery.owner, delivery.id);
+    if (slot.kind === 'deferred') {
+      if (delivery.deadline <= Date.now()) {
+        // Waiting for its destination until past its deadline: it expires, never sent.
+        gate.forget(destination, delivery.id);
+        await settle(delivery, { delivery: { event: 'DEADLINE_PASSED', outcome: 'expired: past its deadline' } });
+        return 'skipped';
+      }
+      // Not counted, no request: the job ends (its slot is free) and a job of its own comes back.
+      const at = Date.now() + slot.retryInMs;
+      await queues.addJob('push', `${deliveryJobId(delivery.id, delivery.attempts)}-d${at}`, { deliveryId: delivery.id }, { delayMs: slot.retryInMs });
+      return 'deferred';
+    }
+    let released: 'success' | 'failure' | 'neutral' = 'neutral';
+    try {
+      const sent = await send(delivery, credentials, log);
+      released = sent.breaker;
+      return sent.outcome;
+    } finally {
+      slot.release(released);
+    }
+  }
+
+  /** Counts the attempt, sends it and records its outcome; says what the answer means for the breaker. */
+  async function send(
+    delivery: DeliveryRow,
+    credentials: string | null,
+    log: KeelContext['logger'],
+  ): Promise<{ outcome: AttemptOutcome | 'skipped'; breaker: 'success' | 'failure' | 'neutral' }> {
+    const neutral = (outcome: AttemptOutcome | 'skipped') => ({ outcome, breaker: 'neutral' as const });
     // The event is read and the attempt counted in one transaction that holds the journal row: a
     // tightened answer ceiling rewrites the row under a row lock (docs/push.md), so an attempt
     // either began before the tightening committed or sends the rewritten row.
@@ -140,22 +177,22 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     switch (begun.kind) {
       case 'gone':
         await settle(delivery, { delivery: { event: 'GIVE_UP', outcome: 'dead: the event is no longer in the journal' } });
-        return { kind: 'dead' };
+        return neutral({ kind: 'dead' });
       case 'not_due':
-        return 'skipped';
+        return neutral('skipped');
       case 'config_not_active': {
         // Paused or stopped since this job read the config (another attempt's answer): as if read now.
         const current = await loadDelivery(pool, delivery.id);
         if (current) await cancelIfConfigGone(current);
-        return 'skipped';
+        return neutral('skipped');
       }
       case 'past_deadline':
         await settle(delivery, { delivery: { event: 'DEADLINE_PASSED', outcome: 'expired: past its deadline' } });
-        return 'skipped';
+        return neutral('skipped');
       case 'attempts_used':
         // Its last attempt was counted and never answered here (its worker died): no other request.
         await settle(delivery, { delivery: { event: 'GIVE_UP', outcome: `dead: ${begun.attempts} attempts` } });
-        return { kind: 'dead' };
+        return neutral({ kind: 'dead' });
       case 'begun':
         break;
     }
@@ -166,7 +203,18 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     const sentAt = Date.now();
     // The address guard checks the target inside the request (resolution, then connection to a
     // vetted address), so a refusal comes after the attempt was counted: it is that attempt's outcome.
-    const result = await fetch({ url: delivery.url, method: 'POST', headers, body: JSON.stringify(event.response), timeoutMs: options.timeoutMs, maxResponseBytes: 64 * 1024 });
+    // Separate deadlines: the connection's (a destination that does not accept fails fast) within
+    // the whole attempt's. Of a 2xx answer only a bounded prefix is read: any body acknowledges.
+    const result = await fetch({
+      url: delivery.url,
+      method: 'POST',
+      headers,
+      body: JSON.stringify(event.response),
+      timeoutMs: options.timeoutMs,
+      connectTimeoutMs: options.connectTimeoutMs,
+      maxResponseBytes: ANSWER_PREFIX_BYTES,
+      overLimit: 'truncate',
+    });
     const durationMs = Date.now() - sentAt;
     const outcome = classifyAttempt(result, number, options.maxAttempts);
     const record = (name: AttemptOutcome['kind']): AttemptRecord => ({
@@ -177,7 +225,10 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       outcome: name,
       errorClass: 'errorClass' in outcome ? outcome.errorClass : null,
     });
-    return recordClass(delivery, outcome, record, log);
+    // For the breaker, a receiver that answered anything is alive; one that did not accept or did
+    // not answer in time is not. A refusal by the address guard says nothing about the receiver.
+    const breaker = result.ok ? 'success' : result.kind === 'failed' && (result.failure.class === 'timeout' || result.failure.class === 'connection') ? 'failure' : 'neutral';
+    return { outcome: await recordClass(delivery, outcome, record, log), breaker };
   }
 
   /** The writes of one outcome class (docs/push.md, "Outcome classes"), then the wake-ups. */
@@ -235,13 +286,18 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     }
   }
 
-  return async (job: Job<{ deliveryId: string }>): Promise<AttemptOutcome | 'skipped' | 'gone'> => {
+  return async (job: Job<{ deliveryId: string }>): Promise<AttemptOutcome | 'skipped' | 'deferred' | 'gone'> => {
     const delivery = await loadDelivery(pool, job.data.deliveryId);
     if (!delivery || delivery.state !== 'pending') {
-      if (delivery) await wakeNext(delivery);
+      if (delivery) {
+        gate.forget(destinationOf(delivery.url), delivery.id);
+        await wakeNext(delivery);
+      }
       return 'gone';
     }
     const outcome = await attempt(delivery);
+    // Anything but a deferral (an attempt, a wait for its config, an end) leaves the destination's backlog.
+    if (outcome !== 'deferred') gate.forget(destinationOf(delivery.url), delivery.id);
     if (outcome === 'skipped') {
       // Ended meanwhile by another job (or cancelled with its config): its next one goes.
       const after = await loadDelivery(pool, delivery.id);

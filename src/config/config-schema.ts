@@ -136,6 +136,12 @@ const pushSchema = z
     maxPendingPerConfig: z.number().int().min(1).max(1_000_000).default(1000),
     maxPendingTotal: z.number().int().min(1).max(100_000_000).default(100_000),
     concurrency: z.number().int().min(1).max(1000).default(16),
+    // Isolation (docs/push.md, "Isolation"): the connection's own deadline within timeoutSeconds,
+    // a destination's share of the concurrency slots, and its circuit breaker.
+    connectTimeoutSeconds: z.number().min(0.1).max(30).default(5),
+    destinationShare: z.number().gt(0).max(1).default(0.25),
+    breakerFailures: z.number().int().min(1).max(1000).default(5),
+    breakerCooldownSeconds: z.number().min(0.1).max(3600).default(30),
   })
   .strict();
 

@@ -46,9 +46,21 @@ export type GuardedRequest = {
   body?: string | Uint8Array;
   /** One deadline for resolution, connection, response headers and the whole body. */
   timeoutMs: number;
+  /**
+   * A shorter deadline for the TCP (and TLS) connection alone (undici's connect timeout), so a
+   * destination that does not accept fails fast while one that accepts keeps `timeoutMs` to answer.
+   * Default: `timeoutMs`.
+   */
+  connectTimeoutMs?: number;
   signal?: AbortSignal;
   /** Default 10 MiB. */
   maxResponseBytes?: number;
+  /**
+   * What a body over `maxResponseBytes` is: `fail` (default) a `too_large` failure; `truncate` an
+   * answer whose body is the first `maxResponseBytes` bytes, the rest discarded unread (the
+   * connection is closed), for a caller that needs only the status (a push acknowledgement).
+   */
+  overLimit?: 'fail' | 'truncate';
 };
 
 export type GuardedResponse = {
@@ -278,8 +290,9 @@ class PinnedDispatchers {
     this.#max = max;
   }
 
-  get(origin: string, host: string, address: string): Agent {
-    const key = `${origin} ${address}`;
+  get(origin: string, host: string, address: string, connectTimeoutMs: number): Agent {
+    // The connect timeout is an Agent option in undici, so it is part of the key.
+    const key = `${origin} ${address} ${connectTimeoutMs}`;
     const existing = this.#agents.get(key);
     if (existing !== undefined) {
       // Refresh LRU position.
@@ -288,7 +301,7 @@ class PinnedDispatchers {
       return existing;
     }
     const agent = new Agent({
-      connect: { lookup: pinnedLookup(host, address) },
+      connect: { lookup: pinnedLookup(host, address), timeout: connectTimeoutMs },
       keepAliveTimeout: 4_000,
     });
     this.#agents.set(key, agent);
@@ -481,7 +494,7 @@ export function createGuardedFetch(policy: GuardPolicy, options: { resolver?: Re
         address = check.addresses[i] as string;
         // get() and request() run in one synchronous step: an LRU eviction cannot close this
         // dispatcher between the two.
-        const dispatcher = pins.get(url.origin, host, address);
+        const dispatcher = pins.get(url.origin, host, address, Math.min(request.connectTimeoutMs ?? request.timeoutMs, request.timeoutMs));
         try {
           response = await dispatcher.request({
             origin: url.origin,
@@ -509,7 +522,8 @@ export function createGuardedFetch(policy: GuardPolicy, options: { resolver?: Re
       body.on('error', () => undefined);
       // A HEAD response declares the length of a body it does not carry.
       const declared = method === 'HEAD' ? 0 : Number(response.headers['content-length']);
-      if (Number.isFinite(declared) && declared > maxBytes) {
+      const truncate = request.overLimit === 'truncate';
+      if (!truncate && Number.isFinite(declared) && declared > maxBytes) {
         body.destroy();
         return failed('too_large', `the response declares ${declared} bytes, over the limit of ${maxBytes}`);
       }
@@ -518,11 +532,14 @@ export function createGuardedFetch(policy: GuardPolicy, options: { resolver?: Re
       try {
         for await (const chunk of body) {
           const buf = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array);
-          total += buf.length;
-          if (total > maxBytes) {
+          if (total + buf.length > maxBytes) {
             body.destroy();
-            return failed('too_large', `the response body exceeds the limit of ${maxBytes} bytes`);
+            if (!truncate) return failed('too_large', `the response body exceeds the limit of ${maxBytes} bytes`);
+            chunks.push(buf.subarray(0, maxBytes - total));
+            total = maxBytes;
+            break;
           }
+          total += buf.length;
           chunks.push(buf);
         }
       } catch (err) {

@@ -8,7 +8,18 @@ import type { KeelConfig } from '../config/load-config.js';
 // starters pass it (docs/decisions/0052-push-attempts-capped-and-test-timings-by-the-harness.md).
 // When given, each is logged as a warning at start.
 
-export type DeliveryOptions = { timeoutMs: number; maxAttempts: number; retryBaseMs: number; retryMaxMs: number };
+export type DeliveryOptions = {
+  timeoutMs: number;
+  /** The connection's own deadline (at most timeoutMs, which bounds the whole attempt). */
+  connectTimeoutMs: number;
+  maxAttempts: number;
+  retryBaseMs: number;
+  retryMaxMs: number;
+  /** The most attempts in flight to one destination (host and port): its share of push.concurrency, at least 1. */
+  destinationSlots: number;
+  breakerFailures: number;
+  breakerCooldownMs: number;
+};
 
 /** Timings only the test harness passes to startKeel, beyond the configuration's bounds. */
 export type PushTestTimings = { timeoutSeconds?: number; maxAttempts?: number };
@@ -22,6 +33,10 @@ export function deliveryOptionsFor(push: KeelConfig['push'], testTimings: PushTe
     maxAttempts: push.maxAttempts,
     retryBaseMs: push.retryBaseSeconds * 1000,
     retryMaxMs: push.retryMaxSeconds * 1000,
+    connectTimeoutMs: push.connectTimeoutSeconds * 1000,
+    destinationSlots: Math.max(1, Math.floor(push.concurrency * push.destinationShare)),
+    breakerFailures: push.breakerFailures,
+    breakerCooldownMs: push.breakerCooldownSeconds * 1000,
   };
   const warnings: string[] = [];
   const timeout = testTimings.timeoutSeconds;
@@ -42,5 +57,6 @@ export function deliveryOptionsFor(push: KeelConfig['push'], testTimings: PushTe
       warnings.push(`test push attempt limit ${String(attempts)} ignored: expected a whole number from 1 to 100`);
     }
   }
+  options.connectTimeoutMs = Math.min(options.connectTimeoutMs, options.timeoutMs);
   return { options, warnings };
 }

@@ -39,6 +39,8 @@ import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor, type PushTestTimings } from '../push/delivery-options.js';
+import { DestinationGate, type PushDestinations } from '../push/destination-gate.js';
+import { pushDestinationMetrics } from '../metrics/push-destination-metrics.js';
 import type { KeelContext } from '../context/keel-context.js';
 import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
@@ -179,6 +181,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
   setMaxListeners(0, shutdown.signal);
   const hotPath = new HotPathMetrics();
+  // This process's push destinations (none unless it runs the push worker), for /metrics and /ui/push.
+  const pushDestinations: PushDestinations = { gate: null };
+  let pushGate: DestinationGate | null = null;
   // A process that receives tasks and runs them fast writes their creations and their held
   // completions together (docs/decisions/0048-creations-and-completions-in-one-statement.md).
   const writePath = writePathFor(config.runs, role);
@@ -249,7 +254,17 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
     const delivery = deliveryOptionsFor(config.push, options.pushTestTimings);
     for (const warning of delivery.warnings) logger.warn(warning);
-    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options), { concurrency: config.push.concurrency });
+    pushGate = new DestinationGate({
+      slots: config.push.concurrency,
+      destinationSlots: delivery.options.destinationSlots,
+      breakerFailures: delivery.options.breakerFailures,
+      breakerCooldownMs: delivery.options.breakerCooldownMs,
+      attemptTimeoutMs: delivery.options.timeoutMs,
+    });
+    pushDestinations.gate = pushGate;
+    // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,
+    // each only checked and deferred by the gate, so a deferral never waits for a held slot.
+    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate), { concurrency: 2 * config.push.concurrency });
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
@@ -264,7 +279,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry] });
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations)], pushDestinations });
   let grpc: GrpcServer | null = null;
   if (role !== 'worker') {
     const service = new A2AService({

@@ -1,6 +1,7 @@
 import { RUN_STATUSES, TERMINATION_REASONS } from '../../machines/run.machine.js';
 import type { PendingApproval } from '../../machines/agent-loop.machine.js';
 import type { PushConfigSummary } from '../push/push-admin.js';
+import type { DestinationView } from '../push/destination-gate.js';
 import { maskCredential } from '../push/push-admin.js';
 import type { RunEventRow } from '../runs/run-event-repository.js';
 import type { RunRow } from '../runs/run-row.js';
@@ -289,13 +290,25 @@ ${withResume ? html`<td>${resumeForm(row.task_id, row.id, csrf)}</td>` : ''}</tr
 </tbody></table>`;
 }
 
-export function pushContent(configs: readonly PushConfigSummary[], counts: Record<string, number | null> | undefined, csrf: string): Html {
+/** Each destination's breaker and backlog in the process serving the page (null: it runs no push worker). */
+function destinationTable(destinations: readonly DestinationView[] | null): Html {
+  if (destinations === null) return html`<p class="muted">This process runs no push worker: each worker process shows its own destinations on its <code>/metrics</code>.</p>`;
+  if (destinations.length === 0) return html`<p class="muted">No delivery attempted yet by this process.</p>`;
+  return html`<table id="push-destinations"><thead><tr><th>destination</th><th>breaker</th><th class="num">in flight</th><th class="num">backlog</th><th class="num">consecutive failures</th></tr></thead><tbody>
+${destinations.map((row) => html`<tr data-destination="${row.destination}"><td class="mono">${row.destination}</td><td>${pill(row.breaker)}</td><td class="num">${row.inFlight}</td><td class="num">${row.backlog}</td><td class="num">${row.consecutiveFailures}</td></tr>`)}
+</tbody></table>`;
+}
+
+export function pushContent(configs: readonly PushConfigSummary[], counts: Record<string, number | null> | undefined, csrf: string, destinations: readonly DestinationView[] | null = null): Html {
   const live = configs.filter((config) => !config.deleted);
   const byState = (state: string) => live.filter((config) => config.state === state);
   const countOf = (state: string) => html`<span data-count-for="pushConfig:${state}">${counts?.[state] ?? '–'}</span>`;
   return html`<h1>Push</h1>
 <p class="muted">Where tasks' events are pushed. Credentials and tokens are never shown, only their scheme and last characters; target paths are masked
 (<code>keel push show</code> prints the full URL to an operator with database access).</p>
+<h2 id="destinations">Destinations in this process</h2>
+<p class="muted">A destination's circuit breaker opens after consecutive timeouts or connection failures; while open its deliveries wait (backlog) without holding a slot, and one probe is sent after the cool-down.</p>
+${destinationTable(destinations)}
 <h2 id="paused">Paused: authentication failed (${countOf('paused')})</h2>
 <p class="muted">The receiver answered 401 or 403. Pending deliveries wait; resuming sends them again, in order.</p>
 ${configTable(byState('paused'), csrf, true, 'configs-paused')}

@@ -5,6 +5,7 @@ import type { DatabasePool } from 'slonik';
 import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
+import type { PushDestinations } from '../push/destination-gate.js';
 import { deliveriesOfConfig, findPushConfigs, listPushConfigSummaries, resumePushConfig } from '../push/push-admin.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
@@ -65,6 +66,8 @@ export type OperatorUiDeps = {
   logger: KeelLogger;
   /** The agents: the statechart agents' machines are drawn beside the lifecycles. */
   registry?: Pick<AgentRegistry, 'agents'>;
+  /** This process's push destinations (breaker and backlog), shown on the push page. */
+  pushDestinations?: PushDestinations;
 };
 
 export const SESSION_COOKIE = 'keel_ui_session';
@@ -444,7 +447,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
   // Push.
   scope.get('/push', async (request, reply) => {
     const [configs, counts] = await Promise.all([listPushConfigSummaries(pool, { limit: 500 }), countStates(pool, catalog)]);
-    return sendPage(request, reply, { title: 'Push', nav: 'push' }, pushContent(configs, counts.pushConfig, sessions.get(request)!.csrf));
+    return sendPage(request, reply, { title: 'Push', nav: 'push' }, pushContent(configs, counts.pushConfig, sessions.get(request)!.csrf, deps.pushDestinations?.gate?.view() ?? null));
   });
 
   scope.get<{ Params: { taskId: string; configId: string } }>('/push/:taskId/:configId', async (request, reply) => {

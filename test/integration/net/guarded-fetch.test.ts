@@ -367,6 +367,15 @@ describe('failures', () => {
     expect(head.body.length).toBe(0);
   });
 
+  it('overLimit truncate: a body over maxResponseBytes is an answer with its first bytes (streamed and declared)', async () => {
+    const f = guarded({ allowHosts: ['127.0.0.1'], allowHttp: true });
+    const streamed = expectOk(await f({ url: `http://127.0.0.1:${v4.port}/big`, timeoutMs: 5000, maxResponseBytes: 100_000, overLimit: 'truncate' }));
+    expect(streamed.status).toBe(200);
+    expect(streamed.body.length).toBe(100_000);
+    const declared = expectOk(await f({ url: `http://127.0.0.1:${v4.port}/declared-big`, timeoutMs: 5000, maxResponseBytes: 4999, overLimit: 'truncate' }));
+    expect(declared.body.length).toBe(4999);
+  });
+
   it('connection refused is failed/connection', async () => {
     const probe = net.createServer();
     await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', () => resolve()));

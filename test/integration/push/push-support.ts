@@ -26,6 +26,9 @@ export const PUSH_TEST_OVERRIDES: Record<string, unknown> = {
   KEEL_PUSH_RETRY_BASE_SECONDS: '0.02',
   KEEL_PUSH_RETRY_MAX_SECONDS: '2',
   KEEL_PUSH_MAX_ATTEMPTS: '8',
+  // A receiver's breaker (docs/push.md, "Isolation") probes again after 0.5 s, at the scale of the
+  // tests' 0.5 s timeout, not after the configured 30 s.
+  KEEL_PUSH_BREAKER_COOLDOWN_SECONDS: '0.5',
 };
 
 /** The push timeout the push tests run with (0.5 s, below the configuration's 10-30 s): passed to startKeel by the harness. */

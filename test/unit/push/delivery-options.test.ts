@@ -22,14 +22,14 @@ describe('the default delivery options', () => {
     const result = load();
     if (!result.ok) throw new Error(result.problems.join('\n'));
     expect(deliveryOptionsFor(result.config.push)).toEqual({
-      options: { timeoutMs: 15_000, maxAttempts: 8, retryBaseMs: 2000, retryMaxMs: 300_000 },
+      options: { timeoutMs: 15_000, connectTimeoutMs: 5_000, maxAttempts: 8, retryBaseMs: 2000, retryMaxMs: 300_000, destinationSlots: 4, breakerFailures: 5, breakerCooldownMs: 30_000 },
       warnings: [],
     });
   });
 });
 
 describe('the test-only timings (not configuration)', () => {
-  const push = { timeoutSeconds: 15, maxAttempts: 8, retryBaseSeconds: 2, retryMaxSeconds: 300 } as Parameters<typeof deliveryOptionsFor>[0];
+  const push = { timeoutSeconds: 15, maxAttempts: 8, retryBaseSeconds: 2, retryMaxSeconds: 300, concurrency: 16, connectTimeoutSeconds: 5, destinationShare: 0.25, breakerFailures: 5, breakerCooldownSeconds: 30 } as Parameters<typeof deliveryOptionsFor>[0];
 
   it('are not config keys: the loader ignores the variables that once carried them and the bounds still hold', () => {
     const result = load({ KEEL_TEST_PUSH_TIMEOUT_SECONDS: '0.5', KEEL_TEST_PUSH_MAX_ATTEMPTS: '30' });
@@ -47,7 +47,7 @@ describe('the test-only timings (not configuration)', () => {
 
   it('replace the worker timeout and attempt limit, each with a warning', () => {
     const { options, warnings } = deliveryOptionsFor(push, { timeoutSeconds: 0.5, maxAttempts: 30 });
-    expect(options).toEqual({ timeoutMs: 500, maxAttempts: 30, retryBaseMs: 2000, retryMaxMs: 300_000 });
+    expect(options).toEqual({ timeoutMs: 500, connectTimeoutMs: 500, maxAttempts: 30, retryBaseMs: 2000, retryMaxMs: 300_000, destinationSlots: 4, breakerFailures: 5, breakerCooldownMs: 30_000 });
     expect(warnings).toEqual([
       'test push timeout of 0.5 s in effect, not push.timeoutSeconds',
       'test push attempt limit of 30 in effect, not push.maxAttempts',

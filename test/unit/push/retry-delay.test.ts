@@ -6,7 +6,7 @@ import { retryDelayMs } from '../../../workers/push-delivery.js';
 // exponential step, and delays are spread (not all equal) so that configs failing together do not
 // retry together. Retry-After raises the delay up to the ceiling, never past it.
 
-const options = { timeoutMs: 15_000, maxAttempts: 8, retryBaseMs: 2000, retryMaxMs: 300_000 };
+const options = { timeoutMs: 15_000, connectTimeoutMs: 5_000, maxAttempts: 8, retryBaseMs: 2000, retryMaxMs: 300_000, destinationSlots: 4, breakerFailures: 5, breakerCooldownMs: 30_000 };
 const SAMPLES = 2000;
 
 const samples = (attempt: number, retryAfterMs?: number) => Array.from({ length: SAMPLES }, () => retryDelayMs(options, attempt, retryAfterMs));
