@@ -90,11 +90,8 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
    * head as the transaction left it), unless the config was paused: the resume wakes it then.
    */
   async function settle(delivery: DeliveryRow, write: OutcomeWrite): Promise<void> {
-    if (write.config?.event === 'AUTH_FAILED') {
-      await recordOutcome(pool, { id: delivery.id, taskId: delivery.task_id, configId: delivery.config_id }, write);
-      return;
-    }
     const read = await recordOutcome(pool, { id: delivery.id, taskId: delivery.task_id, configId: delivery.config_id }, write);
+    if (write.config?.event === 'AUTH_FAILED') return;
     // Nothing pending as the transaction read it: a delivery committed after that read (and before
     // this commit) was not seen, and its writer, looking after its own commit, found this one still
     // pending and leased, so it woke nothing. Looked for again after the commit, whichever of the

@@ -1,8 +1,7 @@
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { copyFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { BrowserContext, Page } from 'playwright-core';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -14,6 +13,7 @@ import { databaseCounts, LOOPBACK_PUSH_OVERRIDES, sendWithPush, startHookReceive
 import { runToEnd, startRun, TEST_TOOLS_MODULE } from '../support/run-helpers.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 import { waitFor, waitForRunStatus } from '../support/wait-for.js';
+import { launchHeadlessChromium, type HeadlessChromium } from '../support/headless-chromium.js';
 
 // The operator UI in a real browser: Debian's Chromium driven by playwright-core (which downloads
 // nothing). Log in; the machines page shows every state of every machine with the database's
@@ -34,7 +34,6 @@ declare const document: {
 };
 declare const window: Record<string, unknown>;
 
-const CHROMIUM = '/usr/bin/chromium';
 const SCREENSHOTS = fileURLToPath(new URL('./screenshots/', import.meta.url));
 const DOCS_IMAGES = fileURLToPath(new URL('../../docs/images/', import.meta.url));
 const CREDENTIAL = 'browser-test-credential-Xy93-do-not-show';
@@ -43,7 +42,7 @@ let keel: TestKeel;
 let receiver: HookReceiver;
 let context: BrowserContext;
 let page: Page;
-let profile: string;
+let browser: HeadlessChromium | undefined;
 let adminToken = '';
 let clientToken = '';
 let catalog: CatalogEntry[];
@@ -83,20 +82,12 @@ beforeAll(async () => {
   await runToEnd(keel, 'broken', 'this one fails');
   await waitForRunStatus(keel.context.pool, await startRun(keel, 'mailer', 'waits for an operator'), ['waiting_for_approval']);
 
-  profile = mkdtempSync(join(tmpdir(), 'keel-chromium-'));
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1360, height: 900 },
-  });
-  page = context.pages()[0] ?? (await context.newPage());
-  page.setDefaultTimeout(20_000);
+  browser = await launchHeadlessChromium();
+  ({ context, page } = browser);
 }, 120_000);
 
 afterAll(async () => {
-  await context?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
+  await browser?.close();
   await keel?.dispose();
   await receiver?.close();
 });

@@ -1,41 +1,29 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminSession, type AdminSession } from '../support/operator-ui.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
+import { launchHeadlessChromium, type HeadlessChromium } from '../support/headless-chromium.js';
 
 // The queue dashboard (bull-board at /ui/queues) is served with a Content-Security-Policy like the
 // other UI pages and renders from Keel alone: in Chromium every request the page makes goes to
 // 127.0.0.1 (bull-board's page links web fonts from a public host; Keel drops the links), and the
 // policy blocks nothing the page needs.
 
-const CHROMIUM = '/usr/bin/chromium';
 
 let keel: TestKeel;
 let session: AdminSession;
-let context: BrowserContext;
 let page: Page;
-let profile: string;
+let browser: HeadlessChromium | undefined;
 
 beforeAll(async () => {
   keel = await startTestKeel();
   session = await adminSession(keel, 'dashboard');
-  profile = mkdtempSync(join(tmpdir(), 'keel-chromium-'));
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1360, height: 900 },
-  });
-  page = context.pages()[0] ?? (await context.newPage());
-  page.setDefaultTimeout(20_000);
+  browser = await launchHeadlessChromium();
+  ({ page } = browser);
 }, 120_000);
 
 afterAll(async () => {
-  await context?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
+  await browser?.close();
   await keel?.dispose();
 });
 

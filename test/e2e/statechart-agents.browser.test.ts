@@ -1,14 +1,14 @@
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { definitionHash } from '../../src/statecharts/statechart-definition.js';
 import { createAdminToken } from '../../src/ui/admin-auth.js';
 import { insertMachineRun, settleMachineRun } from '../support/statechart-rows.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 import { machine as refund } from '../fixtures/statecharts/ui-refund.machine.js';
+import { launchHeadlessChromium, type HeadlessChromium } from '../support/headless-chromium.js';
 
 // A statechart agent in the operator UI, in a real browser (Debian's Chromium through
 // playwright-core, as test/e2e/operator-ui.browser.test.ts): the machines page draws the agent's
@@ -21,7 +21,6 @@ type DomList = Iterable<DomNode> & { forEach(callback: (node: DomNode) => void):
 declare const document: { querySelectorAll(selector: string): DomList; querySelector(selector: string): DomNode | null };
 declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string } };
 
-const CHROMIUM = '/usr/bin/chromium';
 const SCREENSHOTS = fileURLToPath(new URL('./screenshots/', import.meta.url));
 const MACHINE = fileURLToPath(new URL('../fixtures/statecharts/ui-refund.machine.ts', import.meta.url));
 const HASH = definitionHash(refund);
@@ -30,9 +29,8 @@ const DONE_APPROVE = 'xstate.done.actor.0.refund.review.approval';
 const DONE_PAY = 'xstate.done.actor.0.refund.paying';
 
 let keel: TestKeel;
-let context: BrowserContext;
 let page: Page;
-let profile: string;
+let browser: HeadlessChromium | undefined;
 let adminToken = '';
 const runs: Record<string, string> = {};
 
@@ -78,20 +76,12 @@ beforeAll(async () => {
     ],
   });
 
-  profile = mkdtempSync(join(tmpdir(), 'keel-chromium-'));
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1360, height: 900 },
-  });
-  page = context.pages()[0] ?? (await context.newPage());
-  page.setDefaultTimeout(20_000);
+  browser = await launchHeadlessChromium();
+  ({ page } = browser);
 }, 120_000);
 
 afterAll(async () => {
-  await context?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
+  await browser?.close();
   await keel?.dispose();
 });
 
