@@ -89,12 +89,17 @@ describe("the pool's transaction()", () => {
     // refusing one (40P01). That one is run again from BEGIN and commits on its next attempt.
     // Each first attempt holds its first row before either asks for its second (a barrier, not a
     // pause, so a slow machine cannot let one finish alone), and a retry locks in ascending order:
-    // the refused one's retry cannot deadlock a second time with the one still running.
+    // the refused one's retry cannot deadlock a second time with the one still running. Only the
+    // first looks for the deadlock soon (deadlock_timeout): when both backends' checks overlap,
+    // Postgres can refuse both (a clean-clone CI run saw four attempts), so the second's check is
+    // put off beyond the test and the first is the one refused.
     const attempts = { first: 0, second: 0 };
+    const deadlockCheck = { first: sql.unsafe`SET LOCAL deadlock_timeout = '50ms'`, second: sql.unsafe`SET LOCAL deadlock_timeout = '60s'` };
     const firstRowHeld = { first: deferred(), second: deferred() };
     const lockInOrder = (which: keyof typeof attempts, other: keyof typeof attempts, [a, b]: [number, number]) =>
       db.pool.transaction(async (transaction) => {
         attempts[which] += 1;
+        await transaction.query(deadlockCheck[which]);
         const [one, two] = attempts[which] === 1 ? [a, b] : [Math.min(a, b), Math.max(a, b)];
         await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${one}`);
         if (attempts[which] === 1) {
