@@ -108,10 +108,12 @@ export class RunSlots {
     // 'drained'), so the queue's runs always get the other half.
     if (this.queueSaturated(now)) this.queueBacklogUntil = now + QUEUE_BACKLOG_MS;
     const limit = now < this.queueBacklogUntil ? Math.min(this.fastSlots, Math.floor(this.sharedSlots / 2)) : this.fastSlots;
-    // A free slot: fast and queued runs in flight share runs.concurrency, less the slots kept free
-    // for the other clients seen lately with no run here (decision 0062).
+    // A free slot: fast and queued runs in flight share runs.concurrency. A client with runs in
+    // flight here leaves the slots kept free for the others seen lately with none (decision 0062);
+    // a client with none may take any free slot, a kept one included: it is one of those they are for.
     const inUse = this.fastInFlight + this.queuedInFlight;
-    if (this.draining || this.fastInFlight >= limit || inUse + 1 + this.keptFreeFor(owner, now) > this.sharedSlots) {
+    const keptForOthers = client.inFlight > 0 ? this.keptFreeFor(owner, now) : 0;
+    if (this.draining || this.fastInFlight >= limit || inUse + 1 + keptForOthers > this.sharedSlots) {
       this.publishQueueShare(now);
       return null;
     }
