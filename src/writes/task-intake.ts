@@ -17,9 +17,9 @@ import { journalFastStart, type TaskCreator } from './task-creation.js';
 // service validates a message and says what the task is; the intake decides how it is written and
 // where its run starts: with a free run slot of this process (the fast path, decision 0025) the run
 // is inserted claimed by it and started here once the insert committed; otherwise it is QUEUED and
-// its job added after the commit, ordered by its rank in its client's backlog (decision 0062). A first message in a new context is one row set for the
-// creations' group commit (decision 0026); a message in a context with earlier turns, or with a
-// push config, is a transaction of its own. Whether the fast path is on is decided once, at start
+// its job added after the commit, ordered by its rank in its client's backlog (decision 0062). A
+// first message in a new context is one row set for the creations' group commit (decision 0026);
+// a message in a context with earlier turns, or with a push config, is a transaction of its own. Whether the fast path is on is decided once, at start
 // (writePathFor): the intake is given this process's run slots or none.
 
 export type TaskIntakeDeps = {
