@@ -22,11 +22,12 @@ export type ExecutorOptions = RetryPolicy & {
   heartbeatMs: number;
   /**
    * The fast path (docs/decisions/0025-fast-path.md): how many runs this process may take at
-   * insert, besides the queue's. 0 turns it off. The queue's worker is told how many are in
-   * flight (`onFastRuns`), so queued and fast runs share one bound.
+   * insert, besides the queue's. 0 turns it off. The queue's worker is told its share
+   * (`onQueueShare`: what fast runs and the slots kept free for clients leave), so queued and fast
+   * runs share one bound.
    */
   fastSlots?: number;
-  onFastRuns?: (inFlight: number) => void;
+  onQueueShare?: (slots: number) => void;
   /** The bound both kinds share (runs.concurrency): the queue's share is what fast runs leave, at least one. */
   concurrency?: number;
   /** Completions written together with other runs' (group commit); without it each has its own transaction. */
@@ -79,7 +80,10 @@ export type RunExecutor = {
    * QUEUED for another worker, without counting a requeue).
    */
   drain: (graceMs: number) => Promise<{ finished: number; released: number }>;
-  processor: (job: Job<{ runId: string }>) => Promise<ExecutionReport>;
+  /** A `runs` job: the run's id, and its client when the job was added for a new task (decision 0062). */
+  processor: (job: Job<{ runId: string; owner?: string }>) => Promise<ExecutionReport>;
+  /** Slots this process keeps free now for clients seen lately with no run in flight here (/metrics). */
+  keptFreeSlots: () => number;
   /** Slots for runs inserted already claimed by this process (src/runs/fast-runs.ts). */
   fastRuns: FastRuns;
   /** The queue's worker found no job waiting: new tasks may take the fast path again. */

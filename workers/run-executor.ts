@@ -190,30 +190,34 @@ export function createRunExecutor(
     }
   }
 
-  function execute(runId: string): Promise<ExecutionReport> {
+  function execute(runId: string, owner?: string): Promise<ExecutionReport> {
     return slots.queued(runId, async (slot) => {
       const run = await claimOnceWritten(runId);
       if (!run) return { kind: 'skipped' };
       afterCommit(runId, true);
       options.onRunStarted?.('queue');
       return executeHeld(run, slot, null);
-    });
+    }, owner);
   }
 
   const fastRuns: FastRuns = {
-    reserve: () =>
-      slots.reserveFast(claim, {
-        run: async (run, slot) => {
-          options.onRunStarted?.('fast');
-          await executeHeld(insertedRunRow(run, workerId, options.leaseMs), slot, run).catch((error: Error) =>
-            logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'),
-          );
+    reserve: (owner) =>
+      slots.reserveFast(
+        claim,
+        {
+          run: async (run, slot) => {
+            options.onRunStarted?.('fast');
+            await executeHeld(insertedRunRow(run, workerId, options.leaseMs), slot, run).catch((error: Error) =>
+              logger.error({ err: error, runId: run.id }, 'fast run stopped; its lease expires and the reaper requeues it'),
+            );
+          },
+          handBack: (run) =>
+            releaseRun(pool, run.id, workerId)
+              .then(async (released) => void (released && (await context.queues.addJob('runs', runJobId(run.id), { runId: run.id }))))
+              .catch((error: Error) => logger.warn({ err: error, runId: run.id }, 'a fast run could not be handed back at shutdown; its lease expires and the reaper requeues it')),
         },
-        handBack: (run) =>
-          releaseRun(pool, run.id, workerId)
-            .then(async (released) => void (released && (await context.queues.addJob('runs', runJobId(run.id), { runId: run.id }))))
-            .catch((error: Error) => logger.warn({ err: error, runId: run.id }, 'a fast run could not be handed back at shutdown; its lease expires and the reaper requeues it')),
-      }),
+        owner,
+      ),
   };
 
   /**
@@ -299,7 +303,8 @@ export function createRunExecutor(
       settling.stop();
       return slots.drain(graceMs);
     },
-    processor: (job) => execute(job.data.runId),
+    processor: (job) => execute(job.data.runId, job.data.owner),
+    keptFreeSlots: () => slots.keptFree,
     fastRuns,
     queueDrained: () => slots.queueDrained(),
   };

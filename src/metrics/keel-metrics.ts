@@ -10,6 +10,7 @@ import { TASK_STATES, TERMINAL_TASK_STATES } from '../protocol/wire.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { QUEUE_NAMES } from '../queue/queue-names.js';
+import { waitingByClient } from '../tasks/waiting-tasks.js';
 
 // /metrics in the Prometheus text format (prom-client). What Postgres holds is read at scrape
 // time, in one snapshot, so every process reports the installation's truth (not its own share)
@@ -52,6 +53,8 @@ export class KeelMetrics {
   private readonly lagRevisions: Gauge;
   private readonly lagTasks: Gauge;
   private readonly inboxPending: Gauge;
+  private readonly clientsWaiting: Gauge;
+  private readonly mostWaiting: Gauge;
   private readonly http: Histogram<'method' | 'route' | 'status_code'>;
   private delay = { buckets: DELAY_BUCKETS.map(() => 0), count: 0, sum: 0 };
 
@@ -77,6 +80,8 @@ export class KeelMetrics {
       registers,
     });
     this.lagTasks = new Gauge({ name: 'keel_projector_lag_tasks', help: 'Open tasks whose run has revisions not yet projected', registers });
+    this.clientsWaiting = new Gauge({ name: 'keel_run_clients_waiting', help: 'Clients with tasks waiting for a run slot (SUBMITTED); the queue serves them in turn (docs/reliability.md, "Fair run slots")', registers });
+    this.mostWaiting = new Gauge({ name: 'keel_runs_waiting_most_per_client', help: 'Tasks waiting for a run slot of the client with the most of them', registers });
     this.inboxPending = new Gauge({ name: 'keel_inbox_pending', help: 'Inbox callbacks stored but not processed yet (0 while the inbox table is absent)', registers });
     this.http = new Histogram({
       name: 'keel_http_request_duration_seconds',
@@ -141,6 +146,7 @@ export class KeelMetrics {
         FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
         WHERE t.projected_state <> ALL(${sql.array([...TERMINAL_TASK_STATES], 'text')})`);
     const inbox = await this.readInboxPending(db);
+    const waiting = await waitingByClient(db);
     const delay = await db.one(sql.type(z.object({ buckets: z.array(z.number()), n: z.number(), total: z.number() }))`
         SELECT ARRAY[${sql.join(
           DELAY_BUCKETS.map((bound) => sql.fragment`count(*) FILTER (WHERE delay <= ${bound})::int`),
@@ -168,6 +174,8 @@ export class KeelMetrics {
     this.lagRevisions.set(lag.revisions);
     this.lagTasks.set(lag.tasks);
     this.inboxPending.set(inbox);
+    this.clientsWaiting.set(waiting.clients);
+    this.mostWaiting.set(waiting.most);
     this.delay = { buckets: delay.buckets, count: delay.n, sum: delay.total };
   }
 

@@ -165,11 +165,16 @@ export class KeelQueues {
     return 'scheduled';
   }
 
-  /** Adds jobs without checking first: the common path right after a commit. */
-  async addJob(name: QueueName, jobId: string, data: object, options: { delayMs?: number } = {}): Promise<void> {
+  /**
+   * Adds jobs without checking first: the common path right after a commit. A `priority` (1 first,
+   * up to BullMQ's 2^21 - 1) orders the job among the prioritized ones, which both backends hand
+   * out after every job without one (decision 0062).
+   */
+  async addJob(name: QueueName, jobId: string, data: object, options: { delayMs?: number; priority?: number } = {}): Promise<void> {
     await this.queue(name).add(name, data, {
       jobId,
       delay: options.delayMs && options.delayMs > 0 ? Math.ceil(options.delayMs) : undefined,
+      priority: options.priority,
     });
   }
 

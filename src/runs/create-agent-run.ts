@@ -36,6 +36,13 @@ export async function createAgentRun(
   return { ok: true, run };
 }
 
-export async function enqueueRun(queues: KeelQueues, runId: string, delayMs = 0): Promise<void> {
-  await queues.addJob('runs', runJobId(runId), { runId }, { delayMs });
+/**
+ * The job of a new task's QUEUED run. With its client (`owner`) and its rank in that client's
+ * backlog (`rank`, 1 for the oldest waiting), the job is prioritized by the rank: the queue hands
+ * out every client's first waiting task, then every client's second, and so on, so one client's
+ * backlog does not delay another client's task (decision 0062). The owner rides in the job for the
+ * run slots' count of each client's runs in flight.
+ */
+export async function enqueueRun(queues: KeelQueues, runId: string, fair?: { owner: string; rank: number }): Promise<void> {
+  await queues.addJob('runs', runJobId(runId), fair ? { runId, owner: fair.owner } : { runId }, fair ? { priority: fair.rank } : {});
 }

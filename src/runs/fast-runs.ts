@@ -44,6 +44,9 @@ export type FastRunSlot = {
 };
 
 export type FastRuns = {
-  /** A free run slot of this process, or null (none free, draining): the task then takes the queue. */
-  reserve: () => FastRunSlot | null;
+  /**
+   * A free run slot of this process for a task of client `owner`, or null (none free, the slots
+   * left kept for other clients, draining): the task then takes the queue.
+   */
+  reserve: (owner: string) => FastRunSlot | null;
 };

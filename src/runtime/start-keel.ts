@@ -41,6 +41,7 @@ import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fe
 import { deliveryOptionsFor, type PushTestTimings } from '../push/delivery-options.js';
 import { DestinationGate, type PushDestinations } from '../push/destination-gate.js';
 import { pushDestinationMetrics } from '../metrics/push-destination-metrics.js';
+import { runSlotMetrics } from '../metrics/run-slot-metrics.js';
 import type { KeelContext } from '../context/keel-context.js';
 import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
@@ -229,8 +230,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
           onWritten: (waitedMs, writeMs) => hotPath.batchWritten('completion', waitedMs, writeMs),
         }, taskWrites ?? undefined),
         onRunStarted: (path) => hotPath.runStarted(path),
-        onFastRuns: (inFlight) => {
-          if (runsWorker) runsWorker.concurrency = Math.max(1, config.runs.concurrency - inFlight);
+        onQueueShare: (slots) => {
+          if (runsWorker) runsWorker.concurrency = slots;
         },
       },
       (runId, settleSoon) => projector.wake(runId, settleSoon ? CLAIM_COALESCE_MS : 0),
@@ -279,7 +280,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations)], pushDestinations });
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations), runSlotMetrics(() => executor?.keptFreeSlots() ?? 0)], pushDestinations });
   let grpc: GrpcServer | null = null;
   if (role !== 'worker') {
     const service = new A2AService({

@@ -8,6 +8,7 @@ import type { TranscriptMessage } from '../providers/provider.js';
 import type { RunRequest } from '../runs/run-request.js';
 import { createRun, type CreateRunInput } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
+import { MAX_WAITING_RANK, waitingRankOf } from '../tasks/waiting-tasks.js';
 import type { ProjectionOptions } from '../tasks/journal-writer.js';
 import { contextTranscript, ensureContext, insertTask, type NewTask } from '../tasks/task-repository.js';
 import { journalFastStart, type TaskCreator } from './task-creation.js';
@@ -16,9 +17,9 @@ import { journalFastStart, type TaskCreator } from './task-creation.js';
 // service validates a message and says what the task is; the intake decides how it is written and
 // where its run starts: with a free run slot of this process (the fast path, decision 0025) the run
 // is inserted claimed by it and started here once the insert committed; otherwise it is QUEUED and
-// its job added after the commit. A first message in a new context is one row set for the
-// creations' group commit (decision 0026); a message in a context with earlier turns, or with a
-// push config, is a transaction of its own. Whether the fast path is on is decided once, at start
+// its job added after the commit, ordered by its rank in its client's backlog (decision 0062). A
+// first message in a new context is one row set for the creations' group commit (decision 0026);
+// a message in a context with earlier turns, or with a push config, is a transaction of its own. Whether the fast path is on is decided once, at start
 // (writePathFor): the intake is given this process's run slots or none.
 
 export type TaskIntakeDeps = {
@@ -66,7 +67,7 @@ export class TaskIntake {
   async accept(intake: NewTaskIntake, beforeWork?: (taskId: string) => void): Promise<AcceptedTask> {
     const { pool, sealer } = this.deps;
     const { task, run, pushConfig } = intake;
-    const slot = this.deps.fastRuns?.reserve() ?? null;
+    const slot = this.deps.fastRuns?.reserve(task.owner) ?? null;
     const fast = slot && { claim: slot.claim, at: Date.now() };
     let request: RunRequest;
     let deliveries: string[] = [];
@@ -112,7 +113,10 @@ export class TaskIntake {
       // The insert journaled the task's WORKING event (sequence 1).
       return { taskId: task.id, afterSequence: 1 };
     }
-    await enqueueRun(this.deps.queues, task.id);
+    // Its place in the queue: its rank in its client's backlog (decision 0062). A rank that cannot
+    // be read puts it last of all ranks rather than failing a task that is written already.
+    const rank = await waitingRankOf(pool, task.owner).catch(() => MAX_WAITING_RANK);
+    await enqueueRun(this.deps.queues, task.id, { owner: task.owner, rank });
     return { taskId: task.id, afterSequence: 0 };
   }
 }
