@@ -68,7 +68,7 @@ export type A2AServiceDeps = {
   /** Where new tasks enter the write path (src/writes/task-intake.ts). */
   intake: TaskIntake;
   /** Per-client limits (src/limits/): a new task is refused past the client's concurrentRuns. None: no limit. */
-  limits?: Pick<ClientLimits, 'startRun'>;
+  limits?: Pick<ClientLimits, 'startRun' | 'runEnded'>;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -174,13 +174,21 @@ export class A2AService {
         // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
         if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown)) {
           const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
-          if (committed) return ok(this.sendResultOf(committed, params.configuration?.historyLength));
+          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(committed, params.configuration?.historyLength)));
         }
       }
-      return await this.sendResult(caller, taskId, params.configuration?.historyLength);
+      return this.endedHere(caller, params, await this.sendResult(caller, taskId, params.configuration?.historyLength));
     } finally {
       (wait as JournalWait | null)?.close();
     }
+  }
+
+  /** A new task's end seen by its own request gives the client's run back at once (src/limits/), not at the next count. */
+  private endedHere(caller: Caller, params: SendMessageParams, result: Result<SendResult>): Result<SendResult> {
+    if (params.message.taskId === undefined && result.ok && ('message' in result.value || isTerminalState(result.value.task.status.state))) {
+      this.deps.limits?.runEnded(caller.clientId);
+    }
+    return result;
   }
 
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {

@@ -3,8 +3,9 @@
 // read at the last refresh (`read`, one statement over the task-count tables) plus the tasks this
 // process accepted since. A refresh runs every second while the process serves clients, and at
 // once (awaited, shared by every request waiting for it) when a client reaches its limit on a count
-// older than FRESH_MS, so a client is refused only on a recent count. A run's end is learnt from the
-// next refresh; another process's new tasks too.
+// older than FRESH_MS, so a client is refused only on a recent count. The end of a task whose
+// blocking request this process answers counts at once; any other end is learnt from the next
+// refresh, and so are another process's new tasks.
 //
 // The accepted tasks are kept in two generations: those committed before the refresh in flight
 // began are in its snapshot and dropped when it lands; those committed later may or may not be
@@ -60,6 +61,16 @@ export class ActiveRunCounts {
       add(this.#pending, owner, -1);
       if (committed) add(this.#recent, owner, 1);
     };
+  }
+
+  /**
+   * A task of the owner's ended and this process saw it (a blocking request's answer): it stops
+   * counting now, not at the next refresh. Called at most once per task this process accepted.
+   * Should a refresh that began after the end was committed land before this call, the end is
+   * counted twice until the refresh after: the count is one low for at most a second.
+   */
+  ended(owner: string): void {
+    add(this.#recent, owner, -1);
   }
 
   /** Reads the counts again; concurrent callers share one read. A failed read keeps the old counts. */

@@ -38,7 +38,7 @@ type ClientState = {
   streams: number;
 };
 
-const perSecond = (rate: number) => (Number.isInteger(rate) ? String(rate) : rate.toPrecision(3));
+const perSecond = (rate: number) => String(Number(rate.toPrecision(3)));
 
 /** The A2A error of a refusal: the limit by name, its value, the wait (message, ErrorInfo metadata, RetryInfo). */
 export function limitExceeded(kind: LimitKind, limits: ClientLimitValues, retryAfterSeconds: number): A2AError {
@@ -155,6 +155,11 @@ export class ClientLimits {
     } finally {
       settle(committed);
     }
+  }
+
+  /** A new task's end seen by the blocking request that created it: the client's run is free at once. */
+  runEnded(clientId: string): void {
+    this.options.runs?.ended(clientId);
   }
 
   /** Forgets clients with nothing in flight whose bucket is full again: their state is a new client's. */
