@@ -152,7 +152,7 @@ const pushSchema = z
 // bound one that floods.
 const clientLimitFields = {
   requestsPerSecond: z.number().positive('must be above 0 (fractions allowed: 0.5 is one request every 2 s)').max(1_000_000),
-  burst: z.number().int('must be a whole number of requests').min(1, 'must be at least 1').max(10_000_000),
+  burst: z.number().int().min(1, 'must be at least 1').max(10_000_000),
   concurrentRequests: z.number().int().min(1, 'must be at least 1').max(1_000_000),
   openStreams: z.number().int().min(1, 'must be at least 1').max(1_000_000),
   concurrentRuns: z.number().int().min(1, 'must be at least 1').max(10_000_000),
