@@ -38,6 +38,8 @@ const overrides = {
   KEEL_GRPC_PORT: '0',
   KEEL_PRIVACY_LEVEL: 'full',
   KEEL_RUNS_PROVIDER_ATTEMPTS: '1',
+  // The cancelled hold runs sleep on: the shutdown does not wait for them.
+  KEEL_RUNS_SHUTDOWN_GRACE_SECONDS: '1',
   KEEL_LIMITS_CLIENTS: LIMITS,
   KEEL_PROVIDERS: {
     echo: { type: 'echo' },
