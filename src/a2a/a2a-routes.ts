@@ -101,7 +101,11 @@ export function createRequestGate(registry: AgentRegistry, authenticator: Client
       version: requestedVersion(request),
       extensions: headerValue(request, 'a2a-extensions'),
     });
-    if (gate.ok) reply.raw.once('close', gate.admission.release);
+    if (gate.ok) {
+      // A client gone during the checks had its 'close' already: none is to come.
+      if (reply.raw.destroyed) gate.admission.release();
+      else reply.raw.once('close', gate.admission.release);
+    }
     return gate;
   };
 }

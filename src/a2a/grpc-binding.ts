@@ -286,7 +286,13 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
       guard.admission.release();
       return { ok: false, error: invalidParams([{ path: [], message: `the request is not a valid protobuf message: ${request.reason}` }]), echo };
     }
-    const params = method.request.toJSON(request as never);
+    let params: unknown;
+    try {
+      params = method.request.toJSON(request as never);
+    } catch (error) {
+      guard.admission.release();
+      throw error;
+    }
     return { ok: true, call: { caller: guard.caller, activated: guard.activated, service, metadata, logger }, params, echo, admission: guard.admission };
   };
 
