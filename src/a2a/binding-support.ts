@@ -49,16 +49,21 @@ export function retryAfterHeader(reply: FastifyReply, error: A2AError): void {
 
 /**
  * Runs a streaming operation holding one of the client's open-stream slots, taken before the
- * operation starts (so a refused SendStreamingMessage creates no task) and freed when it returns:
- * when the stream ended, the client went away, or the operation answered with an error instead.
+ * operation starts (so a refused SendStreamingMessage creates no task) and freed when it returns
+ * (the stream ended, or the operation answered with an error instead) or when the client's
+ * connection closes, whichever comes first: a client that went away holds no slot while the
+ * operation winds down.
  */
-export async function holdingStreamSlot<T>(admission: RequestAdmission, refuse: (error: A2AError) => T, operation: () => Promise<T>): Promise<T> {
+export async function holdingStreamSlot<T>(admission: RequestAdmission, refuse: (error: A2AError) => T, operation: () => Promise<T>, connection: FastifyReply['raw']): Promise<T> {
   const slot = admission.openStream();
   if (!slot.ok) return refuse(slot.error);
+  if (connection.destroyed) slot.close();
+  else connection.once('close', slot.close);
   try {
     return await operation();
   } finally {
     slot.close();
+    connection.off('close', slot.close);
   }
 }
 

@@ -320,11 +320,14 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
 
   const stream = (method: Extract<GrpcMethod, { kind: 'stream' }>) => async (call: ServerWritableStream<unknown, unknown>) => {
     const abort = new AbortController();
-    const onCancel = () => abort.abort();
-    call.on('cancelled', onCancel);
     // One of the client's open-stream slots, from before the handler runs (a refused
-    // SendStreamingMessage creates no task) until the call ends.
+    // SendStreamingMessage creates no task) until the call ends or the client cancels it.
     let streamSlot: { close: () => void } | null = null;
+    const onCancel = () => {
+      abort.abort();
+      streamSlot?.close();
+    };
+    call.on('cancelled', onCancel);
     try {
       const admitted = await admit(method, call.request, call.metadata);
       if (admitted.echo) call.sendMetadata(admitted.echo);

@@ -197,7 +197,7 @@ export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps):
     const handler = jsonRpcMethod(method);
     if (!handler) return rpcError(reply, id, A2AErrors.methodNotFound(`method ${method} does not exist (A2A 1.0 names, e.g. SendMessage)`));
     const call = () => handler({ request, reply, id, params, caller: guard.caller, activated: guard.activated, service, logger });
-    return STREAMING_METHODS.has(method) ? holdingStreamSlot(guard.admission, (error) => rpcError(reply, id, error), call) : call();
+    return STREAMING_METHODS.has(method) ? holdingStreamSlot(guard.admission, (error) => rpcError(reply, id, error), call, reply.raw) : call();
   };
   // The interface URL exactly, and with a trailing slash (clients that join "/" onto the URL, as
   // the conformance kit's httpx client does); no HTTP+JSON operation lives at POST /a2a/<agent>/.

@@ -237,7 +237,9 @@ export function registerRestBinding(app: FastifyInstance, deps: BindingDeps): vo
       for (const operation of restOperations) {
         const match = operation.pattern.exec(path);
         if (!match) continue;
-        return operation.streaming ? holdingStreamSlot(guard.admission, (error) => restFail(reply, error), () => operation.handle(call, match)) : operation.handle(call, match);
+        return operation.streaming
+          ? holdingStreamSlot(guard.admission, (error) => restFail(reply, error), () => operation.handle(call, match), reply.raw)
+          : operation.handle(call, match);
       }
       return restFail(reply, A2AErrors.methodNotFound(`no A2A operation at ${method} ${path}`));
     },
