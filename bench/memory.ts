@@ -100,6 +100,10 @@ providers:
 agents:
   - { id: echo, name: Echo, provider: echo, privacy: { answerLevel: full } }
   - { id: hold, name: Hold, provider: hold, privacy: { answerLevel: full } }
+# The bench's one client holds every stream and hold task, past the default per-client limits
+# (200 streams; docs/reliability.md, "Per-client limits").
+limits:
+  default: { openStreams: ${streamCount + 100}, concurrentRuns: ${streamCount + 5000} }
 `;
 
 // ---------------------------------------------------------------------------------------------

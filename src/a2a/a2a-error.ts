@@ -14,6 +14,8 @@ export type A2AError = {
   status: string;
   metadata?: Record<string, string>;
   fieldViolations?: FieldViolation[];
+  /** How long to wait before retrying, in whole seconds: the Retry-After header, a RetryInfo detail, gRPC's `retry-after`. */
+  retryAfterSeconds?: number;
 };
 
 const make = (code: number, reason: string, httpStatus: number, status: string) => (message: string, extra: Partial<A2AError> = {}): A2AError => ({
@@ -44,6 +46,8 @@ export const A2AErrors = {
   versionNotSupported: make(-32009, 'VERSION_NOT_SUPPORTED', 400, 'FAILED_PRECONDITION'),
   unauthenticated: make(-32600, 'UNAUTHENTICATED', 401, 'UNAUTHENTICATED'),
   payloadTooLarge: make(-32600, 'PAYLOAD_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
+  /** A per-client limit (src/limits/; docs/decisions/0060): Keel's own code in the server range, 429, RESOURCE_EXHAUSTED. */
+  clientLimitExceeded: make(-32029, 'CLIENT_LIMIT_EXCEEDED', 429, 'RESOURCE_EXHAUSTED'),
 } as const;
 
 export const taskNotFound = (id: string) => A2AErrors.taskNotFound(`task ${id} not found`, { metadata: { taskId: id } });
@@ -63,6 +67,9 @@ function details(error: A2AError): Array<Record<string, unknown>> {
   ];
   if (error.fieldViolations?.length) {
     list.push({ '@type': 'type.googleapis.com/google.rpc.BadRequest', fieldViolations: error.fieldViolations });
+  }
+  if (error.retryAfterSeconds !== undefined) {
+    list.push({ '@type': 'type.googleapis.com/google.rpc.RetryInfo', retryDelay: `${error.retryAfterSeconds}s` });
   }
   return list;
 }

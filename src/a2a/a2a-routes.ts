@@ -1,7 +1,8 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { ClientAuthenticator } from '../auth/client-authenticator.js';
 import type { KeelConfig } from '../config/load-config.js';
+import type { ClientLimits } from '../limits/client-limits.js';
 import type { KeelLogger } from '../log/logger.js';
 import { A2AErrors, jsonRpcError, restError, type A2AError } from './a2a-error.js';
 import type { A2AService } from './a2a-service.js';
@@ -13,8 +14,8 @@ import { registerRestBinding } from './rest-binding.js';
 // The two HTTP bindings of the A2A service, JSON-RPC 2.0 at /a2a/<agent> (json-rpc-binding.ts) and
 // HTTP+JSON under /a2a/<agent>/ (rest-binding.ts), plus the agent cards (card-routes.ts). Every
 // binding, gRPC (grpc-binding.ts, on its own port) too, checks in this order: the agent exists,
-// the client is authenticated, A2A-Version is 1.0, required extensions are requested (the gate
-// below); then the params.
+// the client is authenticated, it is within its limits (src/limits/), A2A-Version is 1.0,
+// required extensions are requested (the gate below); then the params.
 
 export type A2ARouteDeps = {
   service: A2AService;
@@ -22,6 +23,7 @@ export type A2ARouteDeps = {
   authenticator: ClientAuthenticator;
   config: KeelConfig;
   logger: KeelLogger;
+  limits: ClientLimits;
 };
 
 // Major.Minor 1.0 (a patch number is ignored, specification 3.6); 1.1 or 2.0 is not this version.
@@ -48,9 +50,10 @@ export type GateInput = {
 
 /**
  * The checks every A2A request passes, in every binding, before its params are read: the agent
- * exists, the client is authenticated, A2A-Version is 1.0, required extensions are requested.
+ * exists, the client is authenticated and within its limits (a request refused later gives its
+ * slot back at once), A2A-Version is 1.0, required extensions are requested.
  */
-export function createServiceGate(registry: AgentRegistry, authenticator: ClientAuthenticator): (input: GateInput) => Promise<Gate> {
+export function createServiceGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits): (input: GateInput) => Promise<Gate> {
   return async (input: GateInput): Promise<Gate> => {
     const agent = registry.get(input.agentId);
     if (!agent) return { ok: false, error: A2AErrors.methodNotFound(`no agent ${input.agentId}`, { httpStatus: 404 }) };
@@ -58,8 +61,11 @@ export function createServiceGate(registry: AgentRegistry, authenticator: Client
     if (!auth.ok) {
       return { ok: false, error: A2AErrors.unauthenticated(auth.reason === 'missing' ? 'authentication required: Authorization: Bearer <client token>' : 'the client token is not valid') };
     }
+    const admitted = limits.admitRequest(auth.client);
+    if (!admitted.ok) return admitted;
     const version = input.version?.trim();
     if (version === undefined || !SUPPORTED_VERSION.test(version)) {
+      admitted.admission.release();
       return {
         ok: false,
         error: A2AErrors.versionNotSupported(`A2A-Version ${version ?? '(absent, meaning 0.3)'} is not supported; this server speaks 1.0`, { metadata: { supported: '1.0' } }),
@@ -68,6 +74,7 @@ export function createServiceGate(registry: AgentRegistry, authenticator: Client
     const requested = (input.extensions ?? '').split(',').map((uri) => uri.trim()).filter(Boolean);
     const missing = agent.config.extensions.filter((extension) => extension.required && !requested.includes(extension.uri));
     if (missing.length > 0) {
+      admitted.admission.release();
       return {
         ok: false,
         error: A2AErrors.extensionSupportRequired(`this agent requires the extension ${missing.map((extension) => extension.uri).join(', ')}; request it with A2A-Extensions`, {
@@ -76,31 +83,42 @@ export function createServiceGate(registry: AgentRegistry, authenticator: Client
       };
     }
     const activated = requested.filter((uri) => agent.config.extensions.some((extension) => extension.uri === uri));
-    return { ok: true, caller: { clientId: auth.client.id, agent }, activated };
+    return { ok: true, caller: { clientId: auth.client.id, agent }, activated, admission: admitted.admission };
   };
 }
 
-/** The service gate for the HTTP bindings: the values come from headers (the version also from `?A2A-Version=`). */
-export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator): RequestGate {
-  const check = createServiceGate(registry, authenticator);
-  return (request: FastifyRequest, agentId: string): Promise<Gate> =>
-    check({
+/**
+ * The service gate for the HTTP bindings: the values come from headers (the version also from
+ * `?A2A-Version=`); the request slot is given back when the response closes (sent, or the
+ * connection gone), a stream's once it holds a stream slot instead.
+ */
+export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits): RequestGate {
+  const check = createServiceGate(registry, authenticator, limits);
+  return async (request: FastifyRequest, reply: FastifyReply, agentId: string): Promise<Gate> => {
+    const gate = await check({
       agentId,
       authorization: headerValue(request, 'authorization'),
       version: requestedVersion(request),
       extensions: headerValue(request, 'a2a-extensions'),
     });
+    if (gate.ok) {
+      // A client gone during the checks had its 'close' already: none is to come.
+      if (reply.raw.destroyed) gate.admission.release();
+      else reply.raw.once('close', gate.admission.release);
+    }
+    return gate;
+  };
 }
 
 export function registerA2ARoutes(app: FastifyInstance, deps: A2ARouteDeps): void {
-  const { service, registry, authenticator, config, logger } = deps;
+  const { service, registry, authenticator, config, logger, limits } = deps;
 
   // Bodies arrive as text so malformed JSON becomes the binding's own error, never a 500.
   app.addContentTypeParser(['application/json', A2A_JSON], { parseAs: 'string' }, (_request, body, done) => done(null, body));
   app.addContentTypeParser('*', { parseAs: 'string' }, (_request, body, done) => done(null, body));
 
   registerCardRoutes(app, { registry, cards: service.cards });
-  const gate = createRequestGate(registry, authenticator);
+  const gate = createRequestGate(registry, authenticator, limits);
   registerJsonRpcBinding(app, { service, gate, logger });
   registerRestBinding(app, { service, gate, logger });
 

@@ -2,6 +2,7 @@ import type { DatabasePool } from 'slonik';
 import type { AgentRegistry, RegisteredAgent } from '../agents/agent-registry.js';
 import type { CardSigner } from '../cards/card-signature.js';
 import type { KeelConfig } from '../config/load-config.js';
+import type { ClientLimits } from '../limits/client-limits.js';
 import type { KeelLogger } from '../log/logger.js';
 import { checkUrl, describeRefusal, type Resolver } from '../net/guarded-fetch.js';
 import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
@@ -66,6 +67,8 @@ export type A2AServiceDeps = {
   cardSigner?: CardSigner | null;
   /** Where new tasks enter the write path (src/writes/task-intake.ts). */
   intake: TaskIntake;
+  /** Per-client limits (src/limits/): a new task is refused past the client's concurrentRuns. None: no limit. */
+  limits?: Pick<ClientLimits, 'startRun' | 'runEnded'>;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -171,13 +174,21 @@ export class A2AService {
         // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
         if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown)) {
           const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
-          if (committed) return ok(this.sendResultOf(committed, params.configuration?.historyLength));
+          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(committed, params.configuration?.historyLength)));
         }
       }
-      return await this.sendResult(caller, taskId, params.configuration?.historyLength);
+      return this.endedHere(caller, params, await this.sendResult(caller, taskId, params.configuration?.historyLength));
     } finally {
       (wait as JournalWait | null)?.close();
     }
+  }
+
+  /** A new task's end seen by its own request gives the client's run back at once (src/limits/), not at the next count. */
+  private endedHere(caller: Caller, params: SendMessageParams, result: Result<SendResult>): Result<SendResult> {
+    if (params.message.taskId === undefined && result.ok && ('message' in result.value || isTerminalState(result.value.task.status.state))) {
+      this.deps.limits?.runEnded(caller.clientId);
+    }
+    return result;
   }
 
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
@@ -258,8 +269,9 @@ export class A2AService {
         ...(caller.agent.statechart ? { taskId, parts: message.parts.map(referencedPart) } : {}),
       },
     });
-    // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts).
-    const accepted = await this.deps.intake.accept(
+    // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts);
+    // whether the client may start one more, its concurrentRuns limit's.
+    const accept = () => this.deps.intake.accept(
       {
         // The added field first, the spread last: `{ ...task, sealedHistory }` would make a hidden
         // class per task (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
@@ -278,7 +290,7 @@ export class A2AService {
       },
       beforeWork,
     );
-    return ok(accepted);
+    return this.deps.limits ? this.deps.limits.startRun(caller.clientId, accept) : ok(await accept());
   }
 
   private async continueTask(

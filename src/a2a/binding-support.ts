@@ -1,5 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
+import type { RequestAdmission } from '../limits/client-limits.js';
 import type { KeelLogger } from '../log/logger.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 import { invalidParams, type A2AError, type Result } from './a2a-error.js';
@@ -15,11 +16,17 @@ export const A2A_JSON = 'application/a2a+json';
 export const RESPONSE_JSON = 'application/json';
 export const JSON_TYPES = new Set([RESPONSE_JSON, A2A_JSON]);
 
-/** The outcome of the checks every A2A request passes before its params are read. */
-export type Gate = { ok: true; caller: Caller; activated: string[] } | { ok: false; error: A2AError };
+/**
+ * The outcome of the checks every A2A request passes before its params are read. An admitted
+ * request holds a slot of its client's limits (src/limits/) until it ends or becomes a stream.
+ */
+export type Gate = { ok: true; caller: Caller; activated: string[]; admission: RequestAdmission } | { ok: false; error: A2AError };
 
-/** Checks a request to an agent: the agent exists, the client is authenticated, the version and extensions. */
-export type RequestGate = (request: FastifyRequest, agentId: string) => Promise<Gate>;
+/**
+ * Checks a request to an agent: the agent exists, the client is authenticated and within its
+ * limits, the version and extensions. The request slot is given back when the reply closes.
+ */
+export type RequestGate = (request: FastifyRequest, reply: FastifyReply, agentId: string) => Promise<Gate>;
 
 export type BindingDeps = { service: A2AService; gate: RequestGate; logger: KeelLogger };
 
@@ -33,6 +40,31 @@ export const mediaType = (request: FastifyRequest) => (headerValue(request, 'con
 /** A 401 carries the challenge that says how to authenticate, in either binding. */
 export function challengeIfUnauthenticated(reply: FastifyReply, error: A2AError): void {
   if (error.httpStatus === 401) reply.header('www-authenticate', 'Bearer realm="keel"');
+}
+
+/** A refusal that names a wait (a per-client limit) says it in `Retry-After` too, in either binding. */
+export function retryAfterHeader(reply: FastifyReply, error: A2AError): void {
+  if (error.retryAfterSeconds !== undefined) reply.header('retry-after', String(error.retryAfterSeconds));
+}
+
+/**
+ * Runs a streaming operation holding one of the client's open-stream slots, taken before the
+ * operation starts (so a refused SendStreamingMessage creates no task) and freed when it returns
+ * (the stream ended, or the operation answered with an error instead) or when the client's
+ * connection closes, whichever comes first: a client that went away holds no slot while the
+ * operation winds down.
+ */
+export async function holdingStreamSlot<T>(admission: RequestAdmission, refuse: (error: A2AError) => T, operation: () => Promise<T>, connection: FastifyReply['raw']): Promise<T> {
+  const slot = admission.openStream();
+  if (!slot.ok) return refuse(slot.error);
+  if (connection.destroyed) slot.close();
+  else connection.once('close', slot.close);
+  try {
+    return await operation();
+  } finally {
+    slot.close();
+    connection.off('close', slot.close);
+  }
 }
 
 /** A parse of zod params into the service's input, or an invalid-params error naming each field. */

@@ -32,6 +32,7 @@ import {
 } from '@grpc/grpc-js';
 import type { AgentRegistry } from '../agents/agent-registry.js';
 import type { ClientAuthenticator } from '../auth/client-authenticator.js';
+import type { ClientLimits, RequestAdmission } from '../limits/client-limits.js';
 import type { KeelLogger } from '../log/logger.js';
 import {
   cancelTaskParamsSchema,
@@ -257,14 +258,15 @@ export type GrpcBindingDeps = {
   registry: AgentRegistry;
   authenticator: ClientAuthenticator;
   logger: KeelLogger;
+  limits: ClientLimits;
 };
 
-type Admitted = { ok: true; call: GrpcCall; params: unknown; echo: Metadata } | { ok: false; error: A2AError; echo?: Metadata };
+type Admitted = { ok: true; call: GrpcCall; params: unknown; echo: Metadata; admission: RequestAdmission } | { ok: false; error: A2AError; echo?: Metadata };
 
 /** The service implementation: each method's call through the gate, its handler and back to proto. */
 export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceImplementation {
   const { service, registry, logger } = deps;
-  const gate = createServiceGate(registry, deps.authenticator);
+  const gate = createServiceGate(registry, deps.authenticator, deps.limits);
 
   const admit = async (method: GrpcMethod, request: unknown, metadata: Metadata): Promise<Admitted> => {
     const malformed = request instanceof MalformedRequest;
@@ -280,9 +282,18 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
     if (!guard.ok) return guard;
     const echo = new Metadata();
     if (guard.activated.length) echo.set(EXTENSIONS_KEY, guard.activated.join(', '));
-    if (malformed) return { ok: false, error: invalidParams([{ path: [], message: `the request is not a valid protobuf message: ${request.reason}` }]), echo };
-    const params = method.request.toJSON(request as never);
-    return { ok: true, call: { caller: guard.caller, activated: guard.activated, service, metadata, logger }, params, echo };
+    if (malformed) {
+      guard.admission.release();
+      return { ok: false, error: invalidParams([{ path: [], message: `the request is not a valid protobuf message: ${request.reason}` }]), echo };
+    }
+    let params: unknown;
+    try {
+      params = method.request.toJSON(request as never);
+    } catch (error) {
+      guard.admission.release();
+      throw error;
+    }
+    return { ok: true, call: { caller: guard.caller, activated: guard.activated, service, metadata, logger }, params, echo, admission: guard.admission };
   };
 
   const internal = (error: unknown, path: string) => {
@@ -291,26 +302,42 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
   };
 
   const unary = (method: Extract<GrpcMethod, { kind: 'unary' }>) => async (call: ServerUnaryCall<unknown, unknown>, callback: sendUnaryData<unknown>) => {
+    let admission: RequestAdmission | null = null;
     try {
       const admitted = await admit(method, call.request, call.metadata);
       if (admitted.echo) call.sendMetadata(admitted.echo);
       if (!admitted.ok) return callback(grpcErrorStatus(admitted.error));
+      admission = admitted.admission;
       const result = await method.handle(admitted.call, admitted.params);
       if (!result.ok) return callback(grpcErrorStatus(result.error));
       callback(null, method.response.fromJSON(result.value));
     } catch (error) {
       callback(internal(error, call.getPath()));
+    } finally {
+      admission?.release();
     }
   };
 
   const stream = (method: Extract<GrpcMethod, { kind: 'stream' }>) => async (call: ServerWritableStream<unknown, unknown>) => {
     const abort = new AbortController();
-    const onCancel = () => abort.abort();
+    // One of the client's open-stream slots, from before the handler runs (a refused
+    // SendStreamingMessage creates no task) until the call ends or the client cancels it.
+    let streamSlot: { close: () => void } | null = null;
+    const onCancel = () => {
+      abort.abort();
+      streamSlot?.close();
+    };
     call.on('cancelled', onCancel);
     try {
       const admitted = await admit(method, call.request, call.metadata);
       if (admitted.echo) call.sendMetadata(admitted.echo);
       if (!admitted.ok) return void call.emit('error', grpcErrorStatus(admitted.error));
+      const slot = admitted.admission.openStream();
+      if (!slot.ok) {
+        admitted.admission.release();
+        return void call.emit('error', grpcErrorStatus(slot.error));
+      }
+      streamSlot = slot;
       const opened = await method.handle(admitted.call, admitted.params);
       if (!opened.ok) return void call.emit('error', grpcErrorStatus(opened.error));
       try {
@@ -327,6 +354,7 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
     } catch (error) {
       if (!call.cancelled) call.emit('error', internal(error, call.getPath()));
     } finally {
+      streamSlot?.close();
       call.off('cancelled', onCancel);
     }
   };

@@ -14,7 +14,7 @@ import {
 } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
-import { challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, streamToSse, type BindingDeps } from './binding-support.js';
+import { challengeIfUnauthenticated, holdingStreamSlot, JSON_TYPES, mediaType, parseParams, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
@@ -36,9 +36,13 @@ export type JsonRpcCall = {
 
 export type JsonRpcMethodHandler = (call: JsonRpcCall) => Promise<unknown>;
 
+// HTTP 200 but for a refused client (401), an agent that does not exist (404) and a client over its
+// limits (429 with Retry-After, so proxies and HTTP clients see it; decision 0060).
 function rpcError(reply: FastifyReply, id: RpcId, error: A2AError) {
   challengeIfUnauthenticated(reply, error);
-  const status = error.httpStatus === 401 ? 401 : error.httpStatus === 404 && error.code === A2AErrors.methodNotFound('').code && error.message.startsWith('no agent') ? 404 : 200;
+  retryAfterHeader(reply, error);
+  const status =
+    error.httpStatus === 401 || error.httpStatus === 429 ? error.httpStatus : error.httpStatus === 404 && error.code === A2AErrors.methodNotFound('').code && error.message.startsWith('no agent') ? 404 : 200;
   return reply.code(status).type('application/json').send({ jsonrpc: '2.0', id, error: jsonRpcError(error) });
 }
 
@@ -157,6 +161,9 @@ export const jsonRpcMethods: Readonly<Record<string, JsonRpcMethodHandler>> = {
   GetExtendedAgentCard: handleGetExtendedAgentCard,
 };
 
+/** The methods that answer with a stream: each holds one of the client's open-stream slots while it runs. */
+const STREAMING_METHODS: ReadonlySet<string> = new Set(['SendStreamingMessage', 'SubscribeToTask']);
+
 /** The handler of a method name; own keys only, so "toString" or "__proto__" is no method. */
 export function jsonRpcMethod(name: string): JsonRpcMethodHandler | undefined {
   return Object.hasOwn(jsonRpcMethods, name) ? jsonRpcMethods[name] : undefined;
@@ -165,7 +172,7 @@ export function jsonRpcMethod(name: string): JsonRpcMethodHandler | undefined {
 export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps): void {
   const { service, gate, logger } = deps;
   const rpcHandler = async (request: FastifyRequest<{ Params: { agent: string } }>, reply: FastifyReply) => {
-    const guard = await gate(request, request.params.agent);
+    const guard = await gate(request, reply, request.params.agent);
     if (!guard.ok) return rpcError(reply, envelopeId(request.body), guard.error);
     if (guard.activated.length) reply.header('a2a-extensions', guard.activated.join(', '));
     const type = mediaType(request);
@@ -189,7 +196,8 @@ export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps):
     }
     const handler = jsonRpcMethod(method);
     if (!handler) return rpcError(reply, id, A2AErrors.methodNotFound(`method ${method} does not exist (A2A 1.0 names, e.g. SendMessage)`));
-    return handler({ request, reply, id, params, caller: guard.caller, activated: guard.activated, service, logger });
+    const call = () => handler({ request, reply, id, params, caller: guard.caller, activated: guard.activated, service, logger });
+    return STREAMING_METHODS.has(method) ? holdingStreamSlot(guard.admission, (error) => rpcError(reply, id, error), call, reply.raw) : call();
   };
   // The interface URL exactly, and with a trailing slash (clients that join "/" onto the URL, as
   // the conformance kit's httpx client does); no HTTP+JSON operation lives at POST /a2a/<agent>/.

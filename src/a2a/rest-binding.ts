@@ -3,7 +3,18 @@ import type { KeelLogger } from '../log/logger.js';
 import { createPushConfigParamsSchema, getPushConfigParamsSchema, getTaskParamsSchema, listPushConfigsParamsSchema, listTasksParamsSchema, sendMessageParamsSchema } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller } from './a2a-service.js';
-import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
+import {
+  A2A_JSON,
+  challengeIfUnauthenticated,
+  holdingStreamSlot,
+  JSON_TYPES,
+  mediaType,
+  parseParams,
+  RESPONSE_JSON,
+  retryAfterHeader,
+  streamToSse,
+  type BindingDeps,
+} from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -26,6 +37,7 @@ export type RestOperationHandler = (call: RestCall, match: RegExpExecArray) => P
 
 function restFail(reply: FastifyReply, error: A2AError) {
   challengeIfUnauthenticated(reply, error);
+  retryAfterHeader(reply, error);
   return reply.code(error.httpStatus).type(RESPONSE_JSON).send(restError(error));
 }
 
@@ -194,14 +206,17 @@ export async function handleGetTask(call: RestCall, match: RegExpExecArray) {
   return input.ok ? restAnswer(call.reply, await call.service.getTask(call.caller, input.value.id, input.value.historyLength)) : restFail(call.reply, input.error);
 }
 
-/** The operations by path under /a2a/<agent>, tried in order; the first whose pattern matches handles the request. */
-export const restOperations: ReadonlyArray<{ pattern: RegExp; handle: RestOperationHandler }> = [
+/**
+ * The operations by path under /a2a/<agent>, tried in order; the first whose pattern matches handles
+ * the request. A streaming one holds one of the client's open-stream slots while it runs.
+ */
+export const restOperations: ReadonlyArray<{ pattern: RegExp; handle: RestOperationHandler; streaming?: true }> = [
   { pattern: /^\/message:send$/, handle: handleSendMessage },
-  { pattern: /^\/message:stream$/, handle: handleSendStreamingMessage },
+  { pattern: /^\/message:stream$/, handle: handleSendStreamingMessage, streaming: true },
   { pattern: /^\/tasks$/, handle: handleListTasks },
   { pattern: /^\/extendedAgentCard$/, handle: handleGetExtendedAgentCard },
   { pattern: /^\/tasks\/([^/:]+):cancel$/, handle: handleCancelTask },
-  { pattern: /^\/tasks\/([^/:]+):subscribe$/, handle: handleSubscribeToTask },
+  { pattern: /^\/tasks\/([^/:]+):subscribe$/, handle: handleSubscribeToTask, streaming: true },
   { pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs$/, handle: handleTaskPushConfigs },
   { pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs\/([^/]+)$/, handle: handleTaskPushConfig },
   { pattern: /^\/tasks\/([^/:]+)$/, handle: handleGetTask },
@@ -215,13 +230,16 @@ export function registerRestBinding(app: FastifyInstance, deps: BindingDeps): vo
     handler: async (request, reply) => {
       const path = operationPath(request.url);
       const method = request.method;
-      const guard = await gate(request, request.params.agent);
+      const guard = await gate(request, reply, request.params.agent);
       if (!guard.ok) return restFail(reply, guard.error);
       if (guard.activated.length) reply.header('a2a-extensions', guard.activated.join(', '));
       const call: RestCall = { request, reply, path, method, caller: guard.caller, activated: guard.activated, service, logger };
       for (const operation of restOperations) {
         const match = operation.pattern.exec(path);
-        if (match) return operation.handle(call, match);
+        if (!match) continue;
+        return operation.streaming
+          ? holdingStreamSlot(guard.admission, (error) => restFail(reply, error), () => operation.handle(call, match), reply.raw)
+          : operation.handle(call, match);
       }
       return restFail(reply, A2AErrors.methodNotFound(`no A2A operation at ${method} ${path}`));
     },

@@ -145,6 +145,51 @@ const pushSchema = z
   })
   .strict();
 
+// Per-client limits (docs/reliability.md, "Per-client limits"; decision 0060): a default for every
+// client and overrides by client name (`keel clients create NAME`; `anonymous` under auth.mode none).
+// Excess is refused with 429 / RESOURCE_EXHAUSTED and a retry delay. The defaults stay out of an
+// honest client's way (one client at 1,700 blocking sends/s over 256 connections passes) and still
+// bound one that floods.
+const clientLimitFields = {
+  requestsPerSecond: z.number().positive('must be above 0 (fractions allowed: 0.5 is one request every 2 s)').max(1_000_000),
+  burst: z.number().int().min(1, 'must be at least 1').max(10_000_000),
+  concurrentRequests: z.number().int().min(1, 'must be at least 1').max(1_000_000),
+  openStreams: z.number().int().min(1, 'must be at least 1').max(1_000_000),
+  concurrentRuns: z.number().int().min(1, 'must be at least 1').max(10_000_000),
+};
+
+const defaultClientLimitsSchema = z
+  .object({
+    requestsPerSecond: clientLimitFields.requestsPerSecond.default(5000),
+    burst: clientLimitFields.burst.default(5000),
+    concurrentRequests: clientLimitFields.concurrentRequests.default(256),
+    openStreams: clientLimitFields.openStreams.default(200),
+    concurrentRuns: clientLimitFields.concurrentRuns.default(5000),
+  })
+  .strict();
+
+const clientLimitsOverrideSchema = z
+  .object({
+    requestsPerSecond: clientLimitFields.requestsPerSecond.optional(),
+    burst: clientLimitFields.burst.optional(),
+    concurrentRequests: clientLimitFields.concurrentRequests.optional(),
+    openStreams: clientLimitFields.openStreams.optional(),
+    concurrentRuns: clientLimitFields.concurrentRuns.optional(),
+  })
+  .strict();
+
+const limitsSchema = z
+  .object({
+    default: defaultClientLimitsSchema.default({}),
+    clients: z
+      .record(
+        z.string().regex(/^[a-zA-Z0-9._-]{1,64}$/, 'a client name is 1 to 64 characters among letters, digits, ".", "_" and "-" (as `keel clients create` takes it)'),
+        clientLimitsOverrideSchema,
+      )
+      .default({}),
+  })
+  .strict();
+
 const errorClass = z.enum([
   'connection',
   'rate_limit',
@@ -373,6 +418,7 @@ export const configSchema = z
     privacy: privacySchema.default({}),
     a2a: a2aSchema.default({}),
     push: pushSchema.default({}),
+    limits: limitsSchema.default({}),
     providers: z.record(z.string().regex(/^[a-z0-9][a-z0-9_-]*$/), providerSchema).default({ echo: { type: 'echo' } }),
     toolModules: z.array(z.string().min(1)).default([]),
     agents: z.array(agentSchema).default(DEFAULT_AGENTS),
@@ -390,6 +436,8 @@ export type PrivacyLevelName = z.infer<typeof privacyLevel>;
 export type ProviderConfig = z.output<typeof providerSchema>;
 export type AgentConfig = z.output<typeof agentSchema>;
 export type RemoteAgentConfig = z.output<typeof remoteAgentSchema>;
+export type ClientLimitsConfig = z.output<typeof limitsSchema>;
+export type ClientLimitValues = z.output<typeof defaultClientLimitsSchema>;
 export type CardSigningConfig = z.output<typeof cardSigningSchema>;
 export type ScriptedStep = z.output<typeof scriptedStep>;
 export type GuardrailConfig = z.output<typeof guardrailSchema>;

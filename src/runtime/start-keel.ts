@@ -36,6 +36,10 @@ import { TaskWriteBatch } from '../writes/task-write-batch.js';
 import { TaskIntake } from '../writes/task-intake.js';
 import { writePathFor } from '../writes/write-path.js';
 import { HotPathMetrics } from '../metrics/hot-path-metrics.js';
+import { ClientLimitMetrics } from '../metrics/client-limit-metrics.js';
+import { ClientLimits } from '../limits/client-limits.js';
+import { ActiveRunCounts } from '../limits/active-run-counts.js';
+import { countActiveTasksByOwner } from '../tasks/task-counts.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor, type PushTestTimings } from '../push/delivery-options.js';
@@ -182,6 +186,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // hundreds at once are normal, not a leak: no MaxListenersExceededWarning for them.
   setMaxListeners(0, shutdown.signal);
   const hotPath = new HotPathMetrics();
+  const limitMetrics = new ClientLimitMetrics();
   // This process's push destinations (none unless it runs the push worker), for /metrics and /ui/push.
   const pushDestinations: PushDestinations = { gate: null };
   let pushGate: DestinationGate | null = null;
@@ -280,9 +285,20 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations), runSlotMetrics(() => executor?.keptFreeSlots() ?? 0)], pushDestinations });
+  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations), runSlotMetrics(() => executor?.keptFreeSlots() ?? 0), limitMetrics.registry], pushDestinations });
   let grpc: GrpcServer | null = null;
+  let clientLimits: ClientLimits | null = null;
   if (role !== 'worker') {
+    // Per-client limits, in this process's memory; the run counts read from the task counts (decision 0060).
+    const runCounts = new ActiveRunCounts(
+      () => countActiveTasksByOwner(database.pool),
+      Date.now,
+      (error) => logger.warn({ err: error }, 'cannot read the clients\' active task counts; the last ones stand'),
+    );
+    const limits = new ClientLimits(config.limits, { runs: runCounts, onRefused: (kind) => limitMetrics.refused(kind) });
+    limits.start();
+    clientLimits = limits;
+    cleanup.push(async () => limits.stop());
     const service = new A2AService({
       pool: database.pool,
       sealer: sealing.sealer,
@@ -294,6 +310,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       logger,
       shutdown: shutdown.signal,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
+      limits,
       intake: new TaskIntake({
         pool: database.pool,
         sealer: sealing.sealer,
@@ -315,8 +332,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       }),
     });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
-    registerA2ARoutes(http, { service, registry, authenticator, config, logger });
-    if (config.grpc.port !== undefined) grpc = new GrpcServer({ service, registry, authenticator, logger }, { maxMessageBytes: config.server.bodyLimitBytes });
+    registerA2ARoutes(http, { service, registry, authenticator, config, logger, limits });
+    if (config.grpc.port !== undefined) grpc = new GrpcServer({ service, registry, authenticator, logger, limits }, { maxMessageBytes: config.server.bodyLimitBytes });
     registerInboxRoutes(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger });
   }
   let grpcAddress: string | null = null;
@@ -380,6 +397,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         grpc?.forceClose();
       }
       clearTimeout(graceTimer);
+      clientLimits?.stop();
       await listener.stop().catch(() => undefined);
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);

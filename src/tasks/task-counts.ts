@@ -1,6 +1,6 @@
 import { sql, type CommonQueryMethods, type DatabasePool } from 'slonik';
 import { z } from 'zod';
-import type { TaskState } from '../protocol/wire.js';
+import { TASK_STATES, TERMINAL_TASK_STATES, type TaskState } from '../protocol/wire.js';
 
 // How many tasks an owner has per agent and state, for ListTasks' totalSize (sql/0009): the
 // folded totals plus the deltas the triggers appended since the last fold. A delta row adds n to
@@ -55,4 +55,29 @@ export async function foldTaskCountDeltas(pool: DatabasePool): Promise<number> {
       )
       SELECT (SELECT count(*) FROM taken)::int AS n`);
   });
+}
+
+/** The states a task holds a run slot of its client in: every state but the terminal ones. */
+const ACTIVE_STATES: readonly TaskState[] = TASK_STATES.filter((state) => !TERMINAL_TASK_STATES.includes(state));
+
+const ownerCountRow = z.object({ owner: z.string(), n: z.number() });
+
+/**
+ * Every owner's tasks not in a terminal state, over all agents (the concurrentRuns limit,
+ * src/limits/): the folded totals and the unfolded deltas of those states, read in one statement.
+ * Owners without such a task are left out.
+ */
+export async function countActiveTasksByOwner(db: CommonQueryMethods): Promise<Map<string, number>> {
+  const active = sql.array([...ACTIVE_STATES], 'text');
+  const rows = await db.any(sql.type(ownerCountRow)`
+    SELECT owner::text AS owner, sum(n)::int AS n FROM (
+      SELECT owner, n FROM a2a_task_counts WHERE state = ANY(${active})
+      UNION ALL
+      SELECT owner, n FROM a2a_task_count_deltas WHERE state = ANY(${active})
+      UNION ALL
+      SELECT owner, -n FROM a2a_task_count_deltas WHERE from_state = ANY(${active})
+    ) AS parts (owner, n)
+    GROUP BY owner
+    HAVING sum(n) > 0`);
+  return new Map(rows.map((row) => [row.owner, row.n]));
 }
