@@ -29,6 +29,8 @@ import { fmt, percentile, withBenchDatabase } from './support.js';
 //          BENCH_PUSH_HUNG_DESTINATIONS receivers that accept and never answer (each its own port):
 //          the healthy configs' deliveries per second as a share of drain's (push isolation,
 //          docs/push.md "Isolation"; the goal is at least 80 %). Runs drain first if it is not asked.
+//          The receivers hang for the whole run; it prints Keel's push settings, the hung requests
+//          made during the measured window and the hung destinations' breakers at the resume and end.
 // Prints figures; asserts nothing, except that every event was delivered, in order per config.
 //
 // Environment:
