@@ -29,6 +29,8 @@ import { fmt, percentile, withBenchDatabase } from './support.js';
 //          BENCH_PUSH_HUNG_DESTINATIONS receivers that accept and never answer (each its own port):
 //          the healthy configs' deliveries per second as a share of drain's (push isolation,
 //          docs/push.md "Isolation"; the goal is at least 80 %). Runs drain first if it is not asked.
+//          The receivers hang for the whole run; it prints Keel's push settings, the hung requests
+//          made during the measured window and the hung destinations' breakers at the resume and end.
 // Prints figures; asserts nothing, except that every event was delivered, in order per config.
 //
 // Environment:
@@ -102,7 +104,7 @@ function startReceiver(answer: () => number): Promise<{ server: Server; url: str
 }
 
 /** A receiver that accepts every connection and request and never answers. */
-function startHungReceiver(): Promise<{ server: Server; url: string; requests: () => number }> {
+function startHungReceiver(): Promise<{ server: Server; url: string; port: number; requests: () => number }> {
   let requests = 0;
   const server = createHttpServer((request) => {
     request.resume();
@@ -113,7 +115,7 @@ function startHungReceiver(): Promise<{ server: Server; url: string; requests: (
   return new Promise((resolve) => {
     server.listen(0, '127.0.0.1', () => {
       const port = (server.address() as AddressInfo).port;
-      resolve({ server, url: `http://127.0.0.1:${port}/hook`, requests: () => requests });
+      resolve({ server, url: `http://127.0.0.1:${port}/hook`, port, requests: () => requests });
     });
   });
 }
@@ -221,8 +223,12 @@ async function dropRedisKeys(prefix: string): Promise<void> {
 
 type ModeResult = {
   mode: Mode;
-  /** hung: requests the hung receivers got (each held until Keel's timeout). */
+  /** hung: requests the hung receivers got (each held until Keel's timeout), in all and during the measured window. */
   hungRequests?: number;
+  hungRequestsInWindow?: number;
+  /** hung: each hung destination's breaker state in the Keel child at the resume and at the end (its /metrics). */
+  hungBreakersAtResume?: string[];
+  hungBreakersAtEnd?: string[];
   events: number;
   delivered: number;
   requests: number;
@@ -293,11 +299,25 @@ async function runMode(mode: Mode): Promise<ModeResult> {
         }
       };
       let resumedAt = 0;
+      let hungRequestsAtResume = 0;
+      let hungBreakersAtResume: string[] = [];
+      // Each hung destination's breaker as the Keel child reports it (docs/push.md, "Isolation").
+      const hungBreakers = async () => {
+        const text = await (await fetch(`${keel.origin}/metrics`)).text();
+        return hung.map((one) => {
+          const line = text.split('\n').find((candidate) => candidate.startsWith(`keel_push_destination_breaker{destination="127.0.0.1:${one.port}"`) && candidate.endsWith(' 1'));
+          return /state="([a-z_]+)"/.exec(line ?? '')?.[1] ?? 'unknown';
+        });
+      };
       if (mode === 'drain' || mode === 'hung') {
         // Every event journaled and every config paused, then all resumed at once.
         await progress('every task to end', async () => (await count(sql.fragment`a2a_tasks WHERE state = 'TASK_STATE_COMPLETED'`)) === sendTasks, 600_000);
         await progress('every config to pause', async () => (await count(sql.fragment`push_configs WHERE state = 'paused'`)) === configs, 120_000);
         await progress('every delivery row', async () => (await count(sql.fragment`push_deliveries WHERE state = 'pending' AND config_id = 'bench'`)) >= expected, 60_000);
+        if (mode === 'hung') {
+          hungBreakersAtResume = await hungBreakers();
+          hungRequestsAtResume = hung.reduce((sum, one) => sum + one.requests(), 0);
+        }
         status = 200;
         receiver.receipts.length = 0;
         resumedAt = Date.now();
@@ -305,6 +325,7 @@ async function runMode(mode: Mode): Promise<ModeResult> {
       }
       await progress('every delivery', async () => (await count(sql.fragment`push_deliveries WHERE state <> 'pending' AND config_id = 'bench'`)) >= expected, 900_000);
       const finished = Date.now();
+      const hungBreakersAtEnd = mode === 'hung' ? await hungBreakers() : [];
 
       const rows = await pool.any(sql.type(deliveryTiming)`
         SELECT d.id, d.task_id, d.config_id, d.event_sequence, d.state, (extract(epoch FROM e.created_at) * 1000)::float8 AS committed_ms
@@ -353,7 +374,14 @@ async function runMode(mode: Mode): Promise<ModeResult> {
         p99: percentile(delays, 99),
         max: delays.at(-1) ?? Number.NaN,
         ...(mode === 'live' ? { productionMs: Math.max(...committed) - Math.min(...committed) } : {}),
-        ...(mode === 'hung' ? { hungRequests: hung.reduce((sum, one) => sum + one.requests(), 0) } : {}),
+        ...(mode === 'hung'
+          ? {
+              hungRequests: hung.reduce((sum, one) => sum + one.requests(), 0),
+              hungRequestsInWindow: hung.reduce((sum, one) => sum + one.requests(), 0) - hungRequestsAtResume,
+              hungBreakersAtResume,
+              hungBreakersAtEnd,
+            }
+          : {}),
       };
     } finally {
       await queues.close().catch(() => undefined);
@@ -376,6 +404,11 @@ async function runMode(mode: Mode): Promise<ModeResult> {
 const cores = cpus();
 console.log('');
 console.log(`bench:push — ${configs} configs × ${eventsPerTask} events = ${configs * eventsPerTask} deliveries to a local receiver, Keel child on the ${keelQueue} queue, push concurrency ${pushConcurrency ?? '16 (default)'}`);
+console.log(
+  `Keel's push settings (its defaults): push.concurrency ${pushConcurrency ?? 16} slots, a destination at most push.destinationShare 0.25 of them, ` +
+    `push.timeoutSeconds 15, push.connectTimeoutSeconds 5, breaker after push.breakerFailures 5 timeouts or connection failures, open for push.breakerCooldownSeconds 30` +
+    (modes.includes('hung') ? `; hung mode: ${hungTasks} more tasks (${eventsPerTask} events each) pushing to ${hungDestinations} receivers that accept and never answer, for the whole run` : ''),
+);
 console.log(`machine: ${cores.length} cores (${cores[0]?.model.trim() ?? 'unknown CPU'}), ${fmt(totalmem() / 2 ** 30)} GiB, ${platform()} ${arch()}, node ${process.version}; ${new Date().toISOString()}`);
 const results: ModeResult[] = [];
 for (const mode of modes) {
@@ -391,7 +424,8 @@ for (const mode of modes) {
     const baseline = results.find((candidate) => candidate.mode === 'drain')!;
     console.log(
       `hung:  ${fmt(result.rate, 0)} deliveries/s to the healthy receiver (${result.delivered} pending deliveries of ${configs} paused configs, resumed at once, all received in ${fmt(result.windowMs / 1000, 2)} s) ` +
-        `beside ${hungTasks} tasks pushing to ${hungDestinations} receivers that never answer (${result.hungRequests} requests held); ` +
+        `beside ${hungTasks} tasks pushing to ${hungDestinations} receivers that never answer (${result.hungRequests} requests held, ${result.hungRequestsInWindow} of them in the window; ` +
+        `their breakers ${result.hungBreakersAtResume!.join('/')} at the resume, ${result.hungBreakersAtEnd!.join('/')} at the end); ` +
         `${fmt((result.rate / baseline.rate) * 100, 0)} % of drain's ${fmt(baseline.rate, 0)}/s (goal ≥ 80 %); resume → receipt p50 ${fmt(result.p50, 0)} ms, p99 ${fmt(result.p99, 0)} ms; ${ok}`,
     );
   } else {

@@ -56,8 +56,13 @@ function retryAfter(header: string | undefined): number | undefined {
 /** The most bytes of a 2xx answer read: the status is the acknowledgement, the rest is discarded. */
 const ANSWER_PREFIX_BYTES = 64 * 1024;
 
+/** How late a deferred delivery's comeback job may be before it counts as lost (and another is added). */
+const COMEBACK_GRACE_MS = 5_000;
+
 export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions, gate: DestinationGate) {
   const { pool, sealer, queues, logger } = context;
+  /** Each delivery this process deferred: the job that brings it back, and when it is due. */
+  const comebacks = new Map<string, { jobId: string; at: number }>();
 
   /**
    * Wakes the head of the config. After a delivery this job ended, the wake-up gets an id of its
@@ -100,7 +105,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     if (head && head.id !== delivery.id) await wakeHead(delivery, head, true);
   }
 
-  async function attempt(delivery: DeliveryRow): Promise<AttemptOutcome | 'skipped' | 'deferred'> {
+  async function attempt(delivery: DeliveryRow, jobId: string | undefined): Promise<AttemptOutcome | 'skipped' | 'deferred'> {
     const log = logger.child({ deliveryId: delivery.id, taskId: delivery.task_id, configId: delivery.config_id });
     if (await cancelIfConfigGone(delivery)) return 'skipped';
     if (delivery.config_state === 'paused' || delivery.behind) return 'skipped';
@@ -139,9 +144,20 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
         await settle(delivery, { delivery: { event: 'DEADLINE_PASSED', outcome: 'expired: past its deadline' } });
         return 'skipped';
       }
-      // Not counted, no request: the job ends (its slot is free) and a job of its own comes back.
-      const at = Date.now() + slot.retryInMs;
-      await queues.addJob('push', `${deliveryJobId(delivery.id, delivery.attempts)}-d${at}`, { deliveryId: delivery.id }, { delayMs: slot.retryInMs });
+      // Not counted, no request: the job ends (its slot is free) and a job of its own comes back,
+      // unless one already will: a deferred delivery has one comeback, not one per job that found
+      // it waiting. Otherwise every extra job of a waiting head (the sweeper wakes each due head it
+      // finds no job for under the plain id; a 'gone' job wakes its config's next delivery) started
+      // a chain of comebacks of its own, so a head deferred for minutes (behind an open breaker)
+      // gained a chain per sweep: hundreds of deferrals per second in bench:push's hung mode, which
+      // took the healthy destinations' CPU (issue 40).
+      const now = Date.now();
+      const pending = comebacks.get(delivery.id);
+      if (pending && pending.jobId !== jobId && pending.at > now - COMEBACK_GRACE_MS) return 'deferred';
+      const at = now + slot.retryInMs;
+      const comeback = `${deliveryJobId(delivery.id, delivery.attempts)}-d${at}`;
+      await queues.addJob('push', comeback, { deliveryId: delivery.id }, { delayMs: slot.retryInMs });
+      comebacks.set(delivery.id, { jobId: comeback, at });
       return 'deferred';
     }
     let released: 'success' | 'failure' | 'neutral' = 'neutral';
@@ -288,13 +304,17 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     if (!delivery || delivery.state !== 'pending') {
       if (delivery) {
         gate.forget(destinationOf(delivery.url), delivery.id);
+        comebacks.delete(delivery.id);
         await wakeNext(delivery);
       }
       return 'gone';
     }
-    const outcome = await attempt(delivery);
+    const outcome = await attempt(delivery, job.id);
     // Anything but a deferral (an attempt, a wait for its config, an end) leaves the destination's backlog.
-    if (outcome !== 'deferred') gate.forget(destinationOf(delivery.url), delivery.id);
+    if (outcome !== 'deferred') {
+      gate.forget(destinationOf(delivery.url), delivery.id);
+      comebacks.delete(delivery.id);
+    }
     if (outcome === 'skipped') {
       // Ended meanwhile by another job (or cancelled with its config): its next one goes.
       const after = await loadDelivery(pool, delivery.id);

@@ -4,9 +4,11 @@
 // answers from memory, without I/O:
 // - a destination (host and port) holds at most `destinationSlots` attempts in flight, so a hung
 //   receiver ties up that many of the push worker's slots, never all of them;
-// - an owning client holds at most its fair share of the slots, `slots / clients with work`
-//   (at least one; a client has work while its deliveries could be sent, not while they wait for
-//   an open breaker), so one client's backlog cannot keep another client's deliveries waiting;
+// - an owning client holds at most its fair share of the slots, `(slots - reserve) / clients with
+//   work` rounded down (at least one; a client has work while its deliveries could be sent, not
+//   while they wait for an open breaker). The reserve (`slots / 8`, at least one: 2 of 16) is kept
+//   free of the clients with work, so a client that had none finds a slot at once: its head
+//   delivery never waits for another client's backlog, not even for one of its requests to end;
 // - a destination's circuit breaker opens after `breakerFailures` consecutive timeouts or
 //   connection failures; while open, nothing is sent there; after `breakerCooldownMs` one attempt
 //   probes it (half-open), and its success closes the breaker, its failure opens it again.
@@ -59,6 +61,9 @@ export function destinationOf(url: string): string {
     return url;
   }
 }
+
+/** The slots kept free of the clients with work, for a client that has none yet: an eighth, at least one. */
+export const reserveOf = (slots: number) => Math.max(1, Math.floor(slots / 8));
 
 const jitter = (ms: number) => ms + Math.floor(Math.random() * Math.max(1, ms / 2));
 
@@ -129,7 +134,7 @@ export class DestinationGate {
       if (owner.inFlight > 0 || now - owner.lastSeen <= OWNER_ACTIVE_MS) active += 1;
       else this.#owners.delete(key);
     }
-    return Math.max(1, Math.ceil(this.#options.slots / Math.max(1, active)));
+    return Math.max(1, Math.floor((this.#options.slots - reserveOf(this.#options.slots)) / Math.max(1, active)));
   }
 
   #destination(key: string, now: number): Destination {

@@ -28,15 +28,33 @@ describe('destination gate', () => {
     expect(gate.view().find((view) => view.destination === 'hung:80')).toMatchObject({ inFlight: 4, backlog: 1, breaker: 'closed' });
   });
 
-  it('shares the slots between the clients with work', () => {
+  it('shares the slots between the clients with work and keeps a reserve for a client that has none', () => {
     const { gate } = gateAt();
-    const held = Array.from({ length: 16 }, (_, index) => granted(gate.acquire(`r${index}:80`, 'b', `b${index}`)));
-    // B alone had all 16; A arrives: the slots are full, A waits for the next one to free.
-    expect(gate.acquire('a:80', 'a', 'a1')).toMatchObject({ kind: 'deferred', reason: 'slots_full' });
-    held[0]!.release('success');
-    // B is over its share of 8 now that A has work: the freed slot goes to A.
-    expect(gate.acquire('r0:80', 'b', 'b16')).toMatchObject({ kind: 'deferred', reason: 'client_share' });
+    // B alone: 14 of the 16 slots, 2 kept in reserve.
+    const held = Array.from({ length: 14 }, (_, index) => granted(gate.acquire(`r${index}:80`, 'b', `b${index}`)));
+    expect(gate.acquire('r14:80', 'b', 'b14')).toMatchObject({ kind: 'deferred', reason: 'client_share' });
+    // A arrives: its head goes at once, without waiting for one of B's requests to end.
     granted(gate.acquire('a:80', 'a', 'a1'));
+    // B is over its share of 7 now that A has work: a slot B frees is not B's again.
+    held[0]!.release('success');
+    expect(gate.acquire('r0:80', 'b', 'b15')).toMatchObject({ kind: 'deferred', reason: 'client_share' });
+    // C arrives too: the reserve still has a slot for its head.
+    granted(gate.acquire('c:80', 'c', 'c1'));
+    for (const slot of held.slice(1, 10)) slot.release('success');
+    // Three clients: floor(14 / 3) = 4 each; B holds 4, A and C get theirs.
+    expect(gate.acquire('r0:80', 'b', 'b15')).toMatchObject({ kind: 'deferred', reason: 'client_share' });
+    for (let index = 2; index <= 4; index += 1) granted(gate.acquire(`a${index}:80`, 'a', `a${index}`));
+    expect(gate.acquire('a5:80', 'a', 'a5')).toMatchObject({ kind: 'deferred', reason: 'client_share' });
+  });
+
+  it('keeps at least one slot per client when the slots are few', () => {
+    let now = 0;
+    const gate = new DestinationGate({ slots: 1, destinationSlots: 1, breakerFailures: 3, breakerCooldownMs: 1_000, attemptTimeoutMs: 3_000 }, () => now);
+    const only = granted(gate.acquire('a:80', 'a', 'a1'));
+    expect(gate.acquire('b:80', 'b', 'b1')).toMatchObject({ kind: 'deferred', reason: 'slots_full' });
+    only.release('success');
+    now += 1;
+    granted(gate.acquire('b:80', 'b', 'b1'));
   });
 
   it('opens after consecutive failures, probes once after the cool-down and closes on an answer', () => {
