@@ -123,6 +123,24 @@ export class DestinationGate {
     }));
   }
 
+  /**
+   * The delivery deferred here longest at `destination` that could be sent now (its breaker closed
+   * and a slot of it free), moved to the back of the backlog: a slot released there is offered to
+   * it at once instead of waiting for its comeback job, which a long backlog spaces out by seconds.
+   * A delivery offered and refused again (its client's share) goes behind the others, so one
+   * refused delivery never keeps being offered every slot.
+   */
+  nextWaiting(destination: string): string | null {
+    const place = this.#destinations.get(destination);
+    if (!place || place.breaker !== 'closed' || place.inFlight >= this.#options.destinationSlots || this.#inFlight >= this.#options.slots) return null;
+    for (const deliveryId of place.waiting) {
+      place.waiting.delete(deliveryId);
+      place.waiting.add(deliveryId);
+      return deliveryId;
+    }
+    return null;
+  }
+
   /** A delivery that ended without an attempt (cancelled, expired while waiting) leaves the backlog. */
   forget(destination: string, deliveryId: string): void {
     this.#destinations.get(destination)?.waiting.delete(deliveryId);

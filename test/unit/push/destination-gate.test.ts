@@ -28,6 +28,23 @@ describe('destination gate', () => {
     expect(gate.view().find((view) => view.destination === 'hung:80')).toMatchObject({ inFlight: 4, backlog: 1, breaker: 'closed' });
   });
 
+  it('offers a released slot to the delivery waiting longest there, and none while the destination is full or its breaker open', () => {
+    const { gate } = gateAt();
+    const held = Array.from({ length: 4 }, (_, index) => granted(gate.acquire('one:80', 'b', `d${index}`)));
+    for (const id of ['w1', 'w2', 'w3']) expect(gate.acquire('one:80', 'b', id)).toMatchObject({ kind: 'deferred', reason: 'destination_full' });
+    expect(gate.nextWaiting('one:80'), 'full: nothing to offer').toBeNull();
+    held[0]!.release('success');
+    expect(gate.nextWaiting('one:80')).toBe('w1');
+    // Offered and not taken (yet): the next offer goes to the one behind it.
+    expect(gate.nextWaiting('one:80')).toBe('w2');
+    granted(gate.acquire('one:80', 'b', 'w1'));
+    expect(gate.view().find((view) => view.destination === 'one:80')).toMatchObject({ inFlight: 4, backlog: 2 });
+    // Three consecutive failures open the breaker.
+    for (const slot of held.slice(1)) slot.release('failure');
+    expect(gate.nextWaiting('one:80'), 'breaker open: nothing to offer').toBeNull();
+    expect(gate.nextWaiting('unknown:80')).toBeNull();
+  });
+
   it('shares the slots between the clients with work and keeps a reserve for a client that has none', () => {
     const { gate } = gateAt();
     // B alone: 14 of the 16 slots, 2 kept in reserve.
