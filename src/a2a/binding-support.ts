@@ -5,7 +5,8 @@ import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 import { invalidParams, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
 import { withJsonNames } from './proto-json.js';
-import { openSse } from './sse.js';
+import { openSse, type SsePiece } from './sse.js';
+import { eventJson, type StreamFlow } from './stream-flow.js';
 
 // What the JSON-RPC and the HTTP+JSON bindings share: the request's checks (run by a2a-routes.ts,
 // handed to each binding), media types, the params parse and the SSE stream of a task.
@@ -42,19 +43,26 @@ export function parseParams<S extends z.ZodTypeAny>(schema: S, value: unknown): 
   return parsed.success ? { ok: true, value: parsed.data } : { ok: false, error: invalidParams(parsed.error.issues) };
 }
 
+/** A stream item's response as JSON pieces: a shared snapshot's encoded Task, or the event's JSON encoded once. */
+export function responsePieces(item: StreamItem): SsePiece[] {
+  return item.taskJson ? ['{"task":', item.taskJson, '}'] : [eventJson(item.response)];
+}
+
 /** Sends a task's stream items as SSE events, each framed the binding's way, until the stream or the client ends. */
 export async function streamToSse(
   logger: KeelLogger,
   request: FastifyRequest,
   reply: FastifyReply,
   items: (signal: AbortSignal) => AsyncGenerator<StreamItem>,
-  frame: (item: StreamItem) => unknown,
+  frame: (item: StreamItem) => readonly SsePiece[],
   activated: string[],
+  flow: StreamFlow,
 ): Promise<void> {
-  const sse = openSse(request, reply, activated.length ? { 'a2a-extensions': activated.join(', ') } : {});
+  const sse = openSse(request, reply, activated.length ? { 'a2a-extensions': activated.join(', ') } : {}, { flow, logger, context: { url: request.url } });
   try {
+    // The next item is read only once this one is written (or its client was cut off).
     for await (const item of items(sse.signal)) {
-      if (!sse.send(item.id, frame(item)) && sse.signal.aborted) break;
+      if (!(await sse.send(item.id, frame(item)))) break;
     }
   } catch (error) {
     logger.warn({ err: error }, 'stream ended by an error');

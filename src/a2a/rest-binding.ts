@@ -3,7 +3,7 @@ import type { KeelLogger } from '../log/logger.js';
 import { createPushConfigParamsSchema, getPushConfigParamsSchema, getTaskParamsSchema, listPushConfigsParamsSchema, listTasksParamsSchema, sendMessageParamsSchema } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller } from './a2a-service.js';
-import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
+import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, responsePieces, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -111,8 +111,9 @@ export async function handleSendStreamingMessage(call: RestCall) {
     call.request,
     call.reply,
     (signal) => service.stream(caller, accepted.value.taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
-    (item) => item.response,
+    responsePieces,
     call.activated,
+    service.streamFlow,
   );
 }
 
@@ -147,8 +148,9 @@ export async function handleSubscribeToTask(call: RestCall, match: RegExpExecArr
     call.request,
     call.reply,
     (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
-    (item) => item.response,
+    responsePieces,
     call.activated,
+    service.streamFlow,
   );
 }
 
@@ -191,7 +193,10 @@ export async function handleGetTask(call: RestCall, match: RegExpExecArray) {
   const id = pathSegment(match[1]!);
   if (id === null) return restFail(call.reply, badSegment('id'));
   const input = parseParams(getTaskParamsSchema, { ...queryParams(call.request), id });
-  return input.ok ? restAnswer(call.reply, await call.service.getTask(call.caller, input.value.id, input.value.historyLength)) : restFail(call.reply, input.error);
+  if (!input.ok) return restFail(call.reply, input.error);
+  // The revision's JSON as its concurrent readers share it (encoded once, sent as it is).
+  const shared = await call.service.getSharedTask(call.caller, input.value.id, input.value.historyLength);
+  return shared.ok ? call.reply.code(200).type(RESPONSE_JSON).send(shared.value.json) : restFail(call.reply, shared.error);
 }
 
 /** The operations by path under /a2a/<agent>, tried in order; the first whose pattern matches handles the request. */
