@@ -30,6 +30,7 @@ import {
   sealTaskHistory,
   taskView,
   type TaskRow,
+  type VersionedTaskHead,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
 import { acceptsMediaType, INPUT_MODES } from './agent-card.js';
@@ -188,8 +189,9 @@ export class A2AService {
    * The task's row when it exists, belongs to the calling client and was sent to the calling
    * agent; otherwise TaskNotFoundError, the same for another's task as for one that never existed.
    */
-  private async ownedTask(caller: Caller, taskId: string): Promise<Result<TaskRow>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+  private async ownedTask(caller: Caller, taskId: string): Promise<Result<VersionedTaskHead>> {
+    // The head only: a check never reads (and parses) the task's sealed content.
+    const row = await getTaskHead(this.deps.pool, caller.clientId, taskId);
     return row && row.agent === caller.agent.config.id ? ok(row) : fail(taskNotFound(taskId));
   }
 
@@ -519,7 +521,7 @@ export class A2AService {
   }
 
   /** SubscribeToTask's checks, before any event is sent (errors are then plain responses). */
-  async checkSubscribable(caller: Caller, id: string): Promise<Result<TaskRow>> {
+  async checkSubscribable(caller: Caller, id: string): Promise<Result<VersionedTaskHead>> {
     const owned = await this.ownedTask(caller, id);
     if (!owned.ok) return owned;
     const row = owned.value;

@@ -1,3 +1,4 @@
+import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import type { KeelLogger } from '../log/logger.js';
@@ -6,7 +7,7 @@ import { invalidParams, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
 import { withJsonNames } from './proto-json.js';
 import { openSse, type SsePiece } from './sse.js';
-import { eventJson, type StreamFlow } from './stream-flow.js';
+import { eventJson, WRITE_SLICE_BYTES, type StreamFlow } from './stream-flow.js';
 
 // What the JSON-RPC and the HTTP+JSON bindings share: the request's checks (run by a2a-routes.ts,
 // handed to each binding), media types, the params parse and the SSE stream of a task.
@@ -41,6 +42,27 @@ export function parseParams<S extends z.ZodTypeAny>(schema: S, value: unknown): 
   if (nestsDeeperThan(value, MAX_JSON_DEPTH)) return { ok: false, error: invalidParams([{ path: [], message: `nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels` }]) };
   const parsed = schema.safeParse(withJsonNames(value ?? {}));
   return parsed.success ? { ok: true, value: parsed.data } : { ok: false, error: invalidParams(parsed.error.issues) };
+}
+
+/**
+ * A shared JSON answer (a GetTask) as a body stream of slices of its buffers, paced with the
+ * streams' writes (StreamFlow.pace): a hundred concurrent answers of a large task take turns with
+ * the event loop's other work instead of one long run of copies into the kernel. Never copied.
+ */
+export function pacedBody(reply: FastifyReply, flow: StreamFlow, pieces: readonly Buffer[]): FastifyReply {
+  const length = pieces.reduce((sum, piece) => sum + piece.length, 0);
+  // A small answer goes at once (a copy of a few kilobytes costs less than a body stream).
+  if (length <= WRITE_SLICE_BYTES) return reply.send(pieces.length === 1 ? pieces[0] : Buffer.concat(pieces, length));
+  async function* slices() {
+    for (const piece of pieces) {
+      for (let start = 0; start < piece.length; start += WRITE_SLICE_BYTES) {
+        const slice = piece.subarray(start, start + WRITE_SLICE_BYTES);
+        await flow.pace(slice.length);
+        yield slice;
+      }
+    }
+  }
+  return reply.header('content-length', length).send(Readable.from(slices(), { objectMode: false }));
 }
 
 /** A stream item's response as JSON pieces: a shared snapshot's encoded Task, or the event's JSON encoded once. */

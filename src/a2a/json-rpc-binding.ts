@@ -1,4 +1,3 @@
-import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { KeelLogger } from '../log/logger.js';
 import {
@@ -15,7 +14,7 @@ import {
 } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
-import { challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, responsePieces, streamToSse, type BindingDeps } from './binding-support.js';
+import { challengeIfUnauthenticated, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
@@ -98,8 +97,7 @@ export async function handleGetTask(call: JsonRpcCall) {
   if (!shared.ok) return answer(call, shared);
   // The revision's JSON as its concurrent readers share it, spliced into the envelope without a copy.
   const pieces = [Buffer.from(`{"jsonrpc":"2.0","id":${JSON.stringify(call.id)},"result":`), shared.value.json, Buffer.from('}')];
-  const length = pieces.reduce((sum, piece) => sum + piece.length, 0);
-  return call.reply.type('application/json').header('content-length', length).send(Readable.from(pieces));
+  return pacedBody(call.reply.type('application/json'), call.service.streamFlow, pieces);
 }
 
 export async function handleListTasks(call: JsonRpcCall) {

@@ -3,7 +3,7 @@ import type { KeelLogger } from '../log/logger.js';
 import { createPushConfigParamsSchema, getPushConfigParamsSchema, getTaskParamsSchema, listPushConfigsParamsSchema, listTasksParamsSchema, sendMessageParamsSchema } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller } from './a2a-service.js';
-import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, responsePieces, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
+import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -196,7 +196,7 @@ export async function handleGetTask(call: RestCall, match: RegExpExecArray) {
   if (!input.ok) return restFail(call.reply, input.error);
   // The revision's JSON as its concurrent readers share it (encoded once, sent as it is).
   const shared = await call.service.getSharedTask(call.caller, input.value.id, input.value.historyLength);
-  return shared.ok ? call.reply.code(200).type(RESPONSE_JSON).send(shared.value.json) : restFail(call.reply, shared.error);
+  return shared.ok ? pacedBody(call.reply.code(200).type(RESPONSE_JSON), call.service.streamFlow, [shared.value.json]) : restFail(call.reply, shared.error);
 }
 
 /** The operations by path under /a2a/<agent>, tried in order; the first whose pattern matches handles the request. */

@@ -31,7 +31,9 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   raw.writeHead(200, {
     'content-type': 'text/event-stream; charset=utf-8',
     'cache-control': 'no-cache, no-transform',
-    connection: 'keep-alive',
+    // The connection ends with the stream: a stream that ended (or was cut off) leaves Keel
+    // holding no socket, and a client knows not to send another request on it.
+    connection: 'close',
     'x-accel-buffering': 'no',
     ...headers,
   });
@@ -75,10 +77,13 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
       raw.write(piece);
       return true;
     }
-    // Slices of the shared buffer: no copy per stream.
+    // Slices of the shared buffer: no copy per stream, and paced with every other stream's
+    // (StreamFlow.pace) so the event loop takes its other work between them.
     for (let start = 0; start < piece.length; start += WRITE_SLICE_BYTES) {
+      const slice = piece.subarray(start, start + WRITE_SLICE_BYTES);
+      await flow.pace(slice.length);
       if (!(await room())) return false;
-      raw.write(piece.subarray(start, start + WRITE_SLICE_BYTES));
+      raw.write(slice);
     }
     return true;
   };

@@ -55,9 +55,14 @@ export async function drainedWithin(emitter: NodeJS.EventEmitter, timeoutMs: num
   }
 }
 
+/** Bytes all of a process's streams write in one turn of the event loop before they let it take other work. */
+export const WRITE_BYTES_PER_TURN = 512 * 1024;
+
 export class StreamFlow {
   readonly registry = new Registry();
   readonly #cutoffs: Counter<'binding' | 'reason'>;
+  #spentThisTurn = 0;
+  #nextTurn: Promise<void> | null = null;
 
   constructor(
     readonly limits: StreamLimits,
@@ -86,6 +91,29 @@ export class StreamFlow {
         this.set(cacheStats().opened);
       },
     });
+  }
+
+  /**
+   * Waits, if this turn of the event loop has written its share, for the next one. Streams of one
+   * revision resume together, and each write copies into the kernel: without a shared budget,
+   * writing a large event to hundreds of streams would hold the event loop (and /healthz, and
+   * every other request) for as long as all those copies take.
+   */
+  async pace(bytes: number): Promise<void> {
+    while (this.#spentThisTurn >= WRITE_BYTES_PER_TURN) await this.#turn();
+    if (this.#spentThisTurn === 0) void this.#turn();
+    this.#spentThisTurn += bytes;
+  }
+
+  #turn(): Promise<void> {
+    this.#nextTurn ??= new Promise((resolve) =>
+      setImmediate(() => {
+        this.#spentThisTurn = 0;
+        this.#nextTurn = null;
+        resolve();
+      }),
+    );
+    return this.#nextTurn;
   }
 
   /** Counts and logs (once: this is called once per stream) a stream cut off. */
