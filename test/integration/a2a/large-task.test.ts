@@ -37,10 +37,6 @@ const sockets: Socket[] = [];
 afterAll(async () => {
   for (const socket of sockets) socket.destroy();
   for (const child of children) {
-    if (process.env.LARGE_PROF && child.child.exitCode === null) {
-      child.child.kill('SIGUSR2');
-      await child.exited;
-    }
     if (child.child.exitCode === null && child.child.signalCode === null) {
       child.child.kill('SIGKILL');
       await child.exited;
@@ -179,7 +175,6 @@ describe('large tasks', () => {
         KEEL_SERVER_PORT: '0',
         KEEL_DATA_DIR: tempDir('keel-large-data-'),
         KEEL_QUEUE_PREFIX: prefix,
-        ...(process.env.LARGE_PROF ? { NODE_OPTIONS: '--import /tmp/large-prof/prof.mjs' } : {}),
         ...(QUEUE === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       }),
     });
@@ -249,8 +244,9 @@ describe('large tasks', () => {
     const growth = peakRss - baselineRss;
     console.log(`large tasks (${QUEUE}): /healthz n=${health.length} p50=${quantile(health, 0.5).toFixed(1)} p99=${p99.toFixed(1)} max=${max.toFixed(1)} ms; RSS ${baselineRss.toFixed(0)} -> peak ${peakRss.toFixed(0)} MB (+${growth.toFixed(0)})`);
     expect(health.length).toBeGreaterThan(20);
-    expect(p99).toBeLessThan(200);
-    expect(max).toBeLessThan(500);
+    // Soft: the timing bounds are reported with everything that follows checked too.
+    expect.soft(p99).toBeLessThan(200);
+    expect.soft(max).toBeLessThan(500);
     expect(growth).toBeLessThan(150);
 
     // GetTask of one task, sequentially, after the load: p50 under 20 ms.
@@ -262,7 +258,7 @@ describe('large tasks', () => {
       if (index >= 10) timings.push(performance.now() - started);
     }
     console.log(`large tasks (${QUEUE}): sequential GetTask of a 0.9 MB task p50=${quantile(timings, 0.5).toFixed(1)} p90=${quantile(timings, 0.9).toFixed(1)} ms`);
-    expect(quantile(timings, 0.5)).toBeLessThan(20);
+    expect.soft(quantile(timings, 0.5)).toBeLessThan(20);
 
     // The subscribers that stalled were cut off, and once the tasks end every stream has ended:
     // Keel holds none of the 300 connections.
