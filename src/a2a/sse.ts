@@ -31,9 +31,7 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   raw.writeHead(200, {
     'content-type': 'text/event-stream; charset=utf-8',
     'cache-control': 'no-cache, no-transform',
-    // The connection ends with the stream: a stream that ended (or was cut off) leaves Keel
-    // holding no socket, and a client knows not to send another request on it.
-    connection: 'close',
+    connection: 'keep-alive',
     'x-accel-buffering': 'no',
     ...headers,
   });
