@@ -287,7 +287,7 @@ export function createRunExecutor(
     };
     let driven: DrivenRun;
     try {
-      driven = await driveRun({ hand, pool, sealer, workerId, fetch, afterCommit, tools, providerChain }, rebuilt.state, loopStepper);
+      driven = await driveRun({ hand, pool, sealer, workerId, fetch, afterCommit, tools, providerChain, maxArtifactBytes: context.config.a2a.maxArtifactBytes }, rebuilt.state, loopStepper);
     } catch (error) {
       if (!isConnectionError(error)) runLog.error({ err: error }, 'the run crashed; it stays claimed until its lease expires');
       throw error;

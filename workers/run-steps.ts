@@ -13,6 +13,7 @@ import { evaluateGuardrails, guardedStagesOf } from '../src/guardrails/guardrail
 import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import type { ProviderChain } from '../src/runs/provider-chain.js';
+import { artifactTooLargeDetail, oversizedArtifact } from '../src/runs/artifact-limit.js';
 import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-repository.js';
 import { announceRunOutputs, lockHeldRun, markNonIdempotentCall } from '../src/runs/run-repository.js';
 import type { Sealer } from '../src/sealing/sealer.js';
@@ -58,6 +59,8 @@ export type StepContext = {
   afterCommit: AfterCommit;
   tools: ToolValidators;
   providerChain: ProviderChain;
+  /** a2a.maxArtifactBytes: the largest artifact (or answer) the agent may produce. */
+  maxArtifactBytes: number;
 };
 
 /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
@@ -91,6 +94,9 @@ async function callModel(ctx: StepContext, state: LoopContext): Promise<ModelSte
   const answer = await ctx.providerChain.call(state);
   if (answer.kind !== 'reply') return answer;
   const { reply } = answer;
+  // An artifact over a2a.maxArtifactBytes fails the run before any of the reply is written.
+  const oversized = oversizedArtifact(reply.artifacts, reply.outcome ? null : reply.text, ctx.maxArtifactBytes);
+  if (oversized) return { kind: 'failed', reason: 'not_retryable', errorClass: 'artifact_too_large', detail: artifactTooLargeDetail(oversized) };
   if (!(await storeArtifacts(ctx, state.iteration, reply.artifacts))) return { kind: 'stop', why: hand.lease.loss ?? 'lease_lost' };
   if (reply.artifacts.length > 0) ctx.afterCommit(hand.runId);
   const approvalRequired = reply.toolCalls.some((call) => hand.agent.tools.get(call.name)?.needsApproval === true);
@@ -218,6 +224,7 @@ export async function driveRun(ctx: StepContext, state: LoopState, loopStepper: 
         hand.storedOutputs += 1;
         ctx.afterCommit(hand.runId);
       },
+      maxArtifactBytes: ctx.maxArtifactBytes,
     });
   }
   const steps: MachineSteps<typeof agentLoopMachine> = {

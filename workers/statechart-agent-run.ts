@@ -8,6 +8,7 @@ import type { GuardedFetch } from '../src/net/guarded-fetch.js';
 import type { ArtifactEmission, ToolCall, TranscriptMessage } from '../src/providers/provider.js';
 import type { AuditTrail } from '../src/runs/audit-trail.js';
 import type { ChainAnswer, ProviderChain } from '../src/runs/provider-chain.js';
+import { artifactTooLargeDetail, oversizedArtifact, type OversizedArtifact } from '../src/runs/artifact-limit.js';
 import { appendRunOutputs, outputFromEmission, type NewRunOutput } from '../src/runs/run-output-repository.js';
 import { announceRunOutputs, appendMachineStep, lockHeldRun, markNonIdempotentCall, saveMachineProgress } from '../src/runs/run-repository.js';
 import type { Sealer } from '../src/sealing/sealer.js';
@@ -63,6 +64,8 @@ export type StatechartRunDeps = {
   runTool: (call: ToolCall) => Promise<ToolResult | 'stop'>;
   /** After a commit that showed something (the projector journals it). */
   shown: () => void;
+  /** a2a.maxArtifactBytes: the largest artifact the machine may show or output. */
+  maxArtifactBytes: number;
 };
 
 export type StatechartRunResult = { outcome: LoopOutcome; state: StatechartState; artifacts: ArtifactEmission[] };
@@ -252,6 +255,9 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     perform: (step, marker, signal) => perform(step, marker, signal),
     checkpoint: deps.checkpoint,
     commit: async ({ record, value, event, shown }) => {
+      // An artifact over a2a.maxArtifactBytes: nothing of the transition is written and the run fails (below).
+      oversized ??= oversizedArtifact(shown.artifacts, null, deps.maxArtifactBytes);
+      if (oversized) return false;
       const stillRunning = new Set(record.running.map((step) => step.key));
       for (const key of unsettledWrites) if (!stillRunning.has(key)) unsettledWrites.delete(key);
       const mark = unsettledWrites.values().next().value ?? null;
@@ -283,6 +289,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     },
   };
 
+  let oversized: OversizedArtifact | null = null;
   const { answer, approvedCall } = resumeOf(state, agent);
   /** Tool calls an operator approved: the resumed run performs them. */
   const approvedCalls = new Set<string>(approvedCall === null ? [] : [approvedCall]);
@@ -291,9 +298,16 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
   // The decision or reply is consumed: a later suspension stores its own.
   state = { ...state, resume: null, pendingApproval: null, pendingInput: null, pendingDependency: null };
 
+  const tooLarge = (found: OversizedArtifact): StatechartRunResult => {
+    audit.record({ kind: 'failed', meta: artifactTooLargeDetail(found) });
+    return { outcome: { kind: 'fail', reason: 'not_retryable', detail: artifactTooLargeDetail(found), errorClass: 'artifact_too_large' }, state, artifacts: [] };
+  };
+  if (oversized) return tooLarge(oversized);
   switch (result.kind) {
     case 'complete': {
       const { answer: text, artifacts } = resultOfOutput(result.output);
+      const outputTooLarge = oversizedArtifact(artifacts, text, deps.maxArtifactBytes);
+      if (outputTooLarge) return tooLarge(outputTooLarge);
       return { outcome: { kind: 'complete', reason: 'completed', answer: text }, state: { ...state, machine: result.record }, artifacts };
     }
     case 'fail': {

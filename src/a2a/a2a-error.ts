@@ -48,6 +48,8 @@ export const A2AErrors = {
   payloadTooLarge: make(-32600, 'PAYLOAD_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
   /** A per-client limit (src/limits/; docs/decisions/0060): Keel's own code in the server range, 429, RESOURCE_EXHAUSTED. */
   clientLimitExceeded: make(-32029, 'CLIENT_LIMIT_EXCEEDED', 429, 'RESOURCE_EXHAUSTED'),
+  /** A message over a2a.maxMessageBytes (the params are readable, one of them too large). */
+  messageTooLarge: make(-32602, 'MESSAGE_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
 } as const;
 
 export const taskNotFound = (id: string) => A2AErrors.taskNotFound(`task ${id} not found`, { metadata: { taskId: id } });

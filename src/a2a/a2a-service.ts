@@ -15,11 +15,15 @@ import type { TaskIntake } from '../writes/task-intake.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
-import { readJournal } from '../tasks/journal.js';
+import { SharedJournalReads } from '../tasks/shared-journal-reads.js';
+import { TaskRevisionCache, type SharedTask } from '../tasks/task-revision-cache.js';
+import { StreamFlow } from './stream-flow.js';
 import { JournalWait, wokenOrAfter, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
+  getTaskHead,
   getTaskRow,
+  getVersionedTaskRow,
   listTaskRows,
   markTaskWatched,
   openSealed,
@@ -27,6 +31,7 @@ import {
   sealTaskHistory,
   taskView,
   type TaskRow,
+  type VersionedTaskHead,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
 import { acceptsMediaType, INPUT_MODES } from './agent-card.js';
@@ -69,6 +74,10 @@ export type A2AServiceDeps = {
   intake: TaskIntake;
   /** Per-client limits (src/limits/): a new task is refused past the client's concurrentRuns. None: no limit. */
   limits?: Pick<ClientLimits, 'startRun' | 'runEnded'>;
+  /** Task revisions shared by concurrent readers; by default one of a2a.taskCacheBytes. */
+  taskCache?: TaskRevisionCache;
+  /** Streams' backpressure; by default a2a.streams' limits. */
+  streamFlow?: StreamFlow;
   /**
    * Aborted at shutdown once the process's runs are finished or released and projected: open
    * streams send what is committed and end (a client resumes elsewhere with Last-Event-ID), and
@@ -79,8 +88,11 @@ export type A2AServiceDeps = {
 
 export type SendResult = { task: Task } | { message: Message };
 
-/** One event of a stream: its journal sequence (the SSE id) and the StreamResponse. */
-export type StreamItem = { id: number; response: StreamResponse };
+/**
+ * One event of a stream: its journal sequence (the SSE id) and the StreamResponse; a snapshot
+ * `{ task }` shared with other readers also carries the Task's JSON, encoded once for all of them.
+ */
+export type StreamItem = { id: number; response: StreamResponse; taskJson?: Buffer };
 
 type PushConfigInput = { id?: string | undefined; url: string; token?: string | undefined; authentication?: { scheme: string; credentials?: string | undefined } | undefined };
 
@@ -114,12 +126,27 @@ function referencedPart(part: WireMessage['parts'][number]): unknown {
   return part;
 }
 
+/** The streams' backpressure of a configuration, reporting the task cache in its metrics. */
+export function streamFlowOf(config: KeelConfig, cache: TaskRevisionCache): StreamFlow {
+  const { maxBufferedBytes, stallTimeoutSeconds } = config.a2a.streams;
+  return new StreamFlow({ maxBufferedBytes, stallTimeoutMs: stallTimeoutSeconds * 1000 }, () => cache.stats());
+}
+
 export class A2AService {
   /** The public and extended cards, signed when card signing is configured. */
   readonly cards: ServedCards;
 
+  /** Task revisions opened and serialized once for their concurrent readers (GetTask, stream snapshots). */
+  readonly taskCache: TaskRevisionCache;
+  /** Backpressure of every stream this service sends (SSE and gRPC). */
+  readonly streamFlow: StreamFlow;
+  readonly #journalReads: SharedJournalReads;
+
   constructor(private readonly deps: A2AServiceDeps) {
     this.cards = new ServedCards(deps.config, deps.cardSigner ?? null);
+    this.taskCache = deps.taskCache ?? new TaskRevisionCache(deps.sealer, deps.config.a2a.taskCacheBytes);
+    this.streamFlow = deps.streamFlow ?? streamFlowOf(deps.config, this.taskCache);
+    this.#journalReads = new SharedJournalReads(deps.pool, deps.sealer);
   }
 
   private get blockingCapMs(): number {
@@ -140,6 +167,17 @@ export class A2AService {
     };
   }
 
+  /** The error for a message over a2a.maxMessageBytes (its JSON, as stored), or null. */
+  private oversizedMessage(message: WireMessage): A2AError | null {
+    const limit = this.deps.config.a2a.maxMessageBytes;
+    const bytes = Buffer.byteLength(JSON.stringify(message));
+    if (bytes <= limit) return null;
+    return A2AErrors.messageTooLarge(`the message is ${bytes} bytes; this server takes messages of at most ${limit} bytes (a2a.maxMessageBytes)`, {
+      metadata: { limit: 'a2a.maxMessageBytes', maxBytes: String(limit), bytes: String(bytes) },
+      fieldViolations: [{ field: 'message', description: `${bytes} bytes, over a2a.maxMessageBytes (${limit})` }],
+    });
+  }
+
   private async checkPushTarget(input: PushConfigInput, field: string): Promise<A2AError | null> {
     const check = await checkUrl(input.url, this.deps.config.security.addressGuard, this.deps.resolver);
     if (check.ok) return null;
@@ -154,8 +192,9 @@ export class A2AService {
    * The task's row when it exists, belongs to the calling client and was sent to the calling
    * agent; otherwise TaskNotFoundError, the same for another's task as for one that never existed.
    */
-  private async ownedTask(caller: Caller, taskId: string): Promise<Result<TaskRow>> {
-    const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
+  private async ownedTask(caller: Caller, taskId: string): Promise<Result<VersionedTaskHead>> {
+    // The head only: a check never reads (and parses) the task's sealed content.
+    const row = await getTaskHead(this.deps.pool, caller.clientId, taskId);
     return row && row.agent === caller.agent.config.id ? ok(row) : fail(taskNotFound(taskId));
   }
 
@@ -220,6 +259,8 @@ export class A2AService {
     beforeWork?: (taskId: string) => void,
   ): Promise<Result<{ taskId: string; afterSequence: number }>> {
     const { message } = params;
+    const tooLarge = this.oversizedMessage(message);
+    if (tooLarge) return fail(tooLarge);
     if (message.role !== 'ROLE_USER') {
       return fail(invalidParams([{ path: ['message', 'role'], message: 'a client sends messages with role ROLE_USER' }]));
     }
@@ -349,8 +390,20 @@ export class A2AService {
   }
 
   async getTask(caller: Caller, id: string, historyLength?: number): Promise<Result<Task>> {
-    const owned = await this.ownedTask(caller, id);
-    return owned.ok ? ok(taskView(this.deps.sealer, owned.value, { historyLength })) : owned;
+    const shared = await this.getSharedTask(caller, id, historyLength);
+    return shared.ok ? ok(shared.value.task) : shared;
+  }
+
+  /**
+   * GetTask as its concurrent readers share it: the task's head is read and its owner and agent
+   * checked for each request; the revision it names is opened and serialized once (the Task and
+   * its JSON are shared: a binding sends the JSON as it is and changes neither).
+   */
+  async getSharedTask(caller: Caller, id: string, historyLength?: number): Promise<Result<SharedTask>> {
+    const head = await getTaskHead(this.deps.pool, caller.clientId, id);
+    if (!head || head.agent !== caller.agent.config.id) return fail(taskNotFound(id));
+    const shared = await this.taskCache.view(head, { historyLength }, () => getVersionedTaskRow(this.deps.pool, id));
+    return shared ? ok(shared) : fail(taskNotFound(id));
   }
 
   async listTasks(caller: Caller, params: ListTasksParams): Promise<Result<{ tasks: Task[]; nextPageToken: string; pageSize: number; totalSize: number }>> {
@@ -408,7 +461,12 @@ export class A2AService {
   ): AsyncGenerator<StreamItem> {
     const { pool, sealer, listener } = this.deps;
     let wake: () => void = () => undefined;
-    const unsubscribe = listener.subscribe(taskId, () => wake());
+    // When this stream last learnt of new events: a shared journal read it joins began after that.
+    let wokenAt = performance.now();
+    const unsubscribe = listener.subscribe(taskId, () => {
+      wokenAt = performance.now();
+      wake();
+    });
     const onAbort = () => wake();
     options.signal.addEventListener('abort', onAbort, { once: true });
     this.deps.shutdown?.addEventListener('abort', onAbort, { once: true });
@@ -416,12 +474,18 @@ export class A2AService {
       // Before anything is read: a fast run's end committed after this is NOTIFYd to this stream
       // wherever it runs (decision 0047).
       await markTaskWatched(pool, caller.clientId, taskId);
+      wokenAt = performance.now();
       let cursor = options.lastEventId ?? 0;
       if (options.withSnapshot && options.lastEventId === undefined) {
-        const row = await getTaskRow(pool, caller.clientId, taskId);
-        if (!row) return;
+        const head = await getTaskHead(pool, caller.clientId, taskId);
+        if (!head) return;
+        // The snapshot of a revision is opened and serialized once for all its streams (and its GetTasks).
+        const revision = await this.taskCache.revision(head, () => getVersionedTaskRow(pool, taskId));
+        if (!revision) return;
+        const { row } = revision;
         const consistent = row.projected_state === row.state;
-        const view = taskView(sealer, row, { includeArtifacts: consistent });
+        const shared = this.taskCache.viewOf(revision, { includeArtifacts: consistent });
+        const view = shared.task;
         const task: Task = consistent ? view : { ...view, status: { state: row.projected_state as Task['status']['state'], timestamp: view.status.timestamp } };
         cursor = row.last_sequence;
         if (row.direct_message && row.state === 'TASK_STATE_COMPLETED' && consistent) {
@@ -443,13 +507,13 @@ export class A2AService {
           yield { id: 0, response: { task: created } };
           cursor = 0;
         } else {
-          yield { id: cursor, response: { task } };
+          yield consistent ? { id: cursor, response: { task }, taskJson: shared.json } : { id: cursor, response: { task } };
           if (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription)) return;
         }
       }
       while (!options.signal.aborted) {
         const woken = new Promise<void>((resolve) => (wake = resolve));
-        const events = await readJournal(pool, sealer, taskId, cursor);
+        const events = await this.#journalReads.read(taskId, cursor, wokenAt);
         for (const event of events) {
           cursor = event.sequence;
           yield { id: event.sequence, response: event.response };
@@ -469,7 +533,7 @@ export class A2AService {
   }
 
   /** SubscribeToTask's checks, before any event is sent (errors are then plain responses). */
-  async checkSubscribable(caller: Caller, id: string): Promise<Result<TaskRow>> {
+  async checkSubscribable(caller: Caller, id: string): Promise<Result<VersionedTaskHead>> {
     const owned = await this.ownedTask(caller, id);
     if (!owned.ok) return owned;
     const row = owned.value;

@@ -1,3 +1,4 @@
+import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import type { RequestAdmission } from '../limits/client-limits.js';
@@ -6,7 +7,8 @@ import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 import { invalidParams, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
 import { withJsonNames } from './proto-json.js';
-import { openSse } from './sse.js';
+import { openSse, type SsePiece } from './sse.js';
+import { eventJson, WRITE_SLICE_BYTES, type StreamFlow } from './stream-flow.js';
 
 // What the JSON-RPC and the HTTP+JSON bindings share: the request's checks (run by a2a-routes.ts,
 // handed to each binding), media types, the params parse and the SSE stream of a task.
@@ -74,19 +76,47 @@ export function parseParams<S extends z.ZodTypeAny>(schema: S, value: unknown): 
   return parsed.success ? { ok: true, value: parsed.data } : { ok: false, error: invalidParams(parsed.error.issues) };
 }
 
+/**
+ * A shared JSON answer (a GetTask) as a body stream of slices of its buffers, paced with the
+ * streams' writes (StreamFlow.pace): a hundred concurrent answers of a large task take turns with
+ * the event loop's other work instead of one long run of copies into the kernel. Never copied.
+ */
+export function pacedBody(reply: FastifyReply, flow: StreamFlow, pieces: readonly Buffer[]): FastifyReply {
+  const length = pieces.reduce((sum, piece) => sum + piece.length, 0);
+  // A small answer goes at once (a copy of a few kilobytes costs less than a body stream).
+  if (length <= WRITE_SLICE_BYTES) return reply.send(pieces.length === 1 ? pieces[0] : Buffer.concat(pieces, length));
+  async function* slices() {
+    for (const piece of pieces) {
+      for (let start = 0; start < piece.length; start += WRITE_SLICE_BYTES) {
+        const slice = piece.subarray(start, start + WRITE_SLICE_BYTES);
+        await flow.pace(slice.length);
+        yield slice;
+      }
+    }
+  }
+  return reply.header('content-length', length).send(Readable.from(slices(), { objectMode: false }));
+}
+
+/** A stream item's response as JSON pieces: a shared snapshot's encoded Task, or the event's JSON encoded once. */
+export function responsePieces(item: StreamItem): SsePiece[] {
+  return item.taskJson ? ['{"task":', item.taskJson, '}'] : [eventJson(item.response)];
+}
+
 /** Sends a task's stream items as SSE events, each framed the binding's way, until the stream or the client ends. */
 export async function streamToSse(
   logger: KeelLogger,
   request: FastifyRequest,
   reply: FastifyReply,
   items: (signal: AbortSignal) => AsyncGenerator<StreamItem>,
-  frame: (item: StreamItem) => unknown,
+  frame: (item: StreamItem) => readonly SsePiece[],
   activated: string[],
+  flow: StreamFlow,
 ): Promise<void> {
-  const sse = openSse(request, reply, activated.length ? { 'a2a-extensions': activated.join(', ') } : {});
+  const sse = openSse(request, reply, activated.length ? { 'a2a-extensions': activated.join(', ') } : {}, { flow, logger, context: { url: request.url } });
   try {
+    // The next item is read only once this one is written (or its client was cut off).
     for await (const item of items(sse.signal)) {
-      if (!sse.send(item.id, frame(item)) && sse.signal.aborted) break;
+      if (!(await sse.send(item.id, frame(item)))) break;
     }
   } catch (error) {
     logger.warn({ err: error }, 'stream ended by an error');

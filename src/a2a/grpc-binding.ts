@@ -1,4 +1,5 @@
 import { once } from 'node:events';
+import http2 from 'node:http2';
 import { format } from 'node:util';
 import {
   AgentCard,
@@ -245,12 +246,34 @@ export function streamFrame(item: StreamItem): unknown {
   return StreamResponse.fromJSON(stamped);
 }
 
-/** Resolves when a stream that refused a write can take more, or when its call is gone. */
-async function drained(call: ServerWritableStream<unknown, unknown>, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) return;
+/** Writes one message; true once grpc-js has sent it, false when it was not sent within `timeoutMs` or the call is gone. */
+async function sentWithin(call: ServerWritableStream<unknown, unknown>, message: unknown, timeoutMs: number, signal: AbortSignal): Promise<boolean> {
+  if (signal.aborted) return false;
   const stop = new AbortController();
-  await Promise.race([once(call, 'drain', { signal: stop.signal }), once(signal, 'abort', { signal: stop.signal })]).catch(() => undefined);
-  stop.abort();
+  const timer = setTimeout(() => stop.abort(), timeoutMs);
+  const sent = new Promise<boolean>((resolve) => {
+    call.write(message, (error: Error | null | undefined) => resolve(!error));
+  });
+  try {
+    return await Promise.race([sent, once(signal, 'abort', { signal: stop.signal }).then(() => false), once(stop.signal, 'abort').then(() => false)]);
+  } catch {
+    return false;
+  } finally {
+    clearTimeout(timer);
+    stop.abort();
+  }
+}
+
+/**
+ * Ends a stream whose client does not read with an HTTP/2 RST_STREAM (CANCEL): a status would wait
+ * behind the message the client does not take. grpc-js gives the server call no public reset, so
+ * its HTTP/2 stream is found through the call chain (the innermost call holds it).
+ */
+function resetStream(call: ServerWritableStream<unknown, unknown>): void {
+  let link = (call as unknown as { call?: unknown }).call as { stream?: { close?: (code: number) => void }; nextCall?: unknown } | undefined;
+  for (let depth = 0; link && !link.stream && depth < 8; depth += 1) link = link.nextCall as typeof link;
+  if (link?.stream?.close) link.stream.close(http2.constants.NGHTTP2_CANCEL);
+  else call.destroy();
 }
 
 export type GrpcBindingDeps = {
@@ -343,8 +366,17 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
       try {
         for await (const item of opened.value(abort.signal)) {
           if (call.cancelled) break;
-          // Backpressure: a slow reader holds the journal cursor, not a growing buffer.
-          if (!call.write(streamFrame(item))) await drained(call, abort.signal);
+          // Backpressure: one message in flight per stream (a message cannot be sliced as an SSE
+          // event is), the next journal event read once it is sent; a client that takes nothing
+          // for a2a.streams.stallTimeoutSeconds is cut off. A slow reader holds the journal cursor,
+          // not a growing buffer.
+          if (!(await sentWithin(call, streamFrame(item), service.streamFlow.limits.stallTimeoutMs, abort.signal))) {
+            if (!call.cancelled && !abort.signal.aborted) {
+              service.streamFlow.cutOff('grpc', 'stalled', logger, { method: call.getPath() });
+              resetStream(call);
+            }
+            return;
+          }
         }
       } catch (error) {
         // As over SSE: events already sent stand; the client resumes from the last id it saw.

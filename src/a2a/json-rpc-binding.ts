@@ -14,7 +14,7 @@ import {
 } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
-import { challengeIfUnauthenticated, holdingStreamSlot, JSON_TYPES, mediaType, parseParams, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
+import { challengeIfUnauthenticated, holdingStreamSlot, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
@@ -50,7 +50,11 @@ const rpcResult = (reply: FastifyReply, id: RpcId, result: unknown) => reply.typ
 
 const answer = (call: JsonRpcCall, result: Result<unknown>) => (result.ok ? rpcResult(call.reply, call.id, result.value) : rpcError(call.reply, call.id, result.error));
 
-const rpcFrame = (id: RpcId) => (item: StreamItem) => ({ jsonrpc: '2.0', id, result: item.response });
+/** A stream item in the JSON-RPC envelope, the response's JSON spliced in (shared by every stream, never copied). */
+const rpcFrame = (id: RpcId) => {
+  const head = `{"jsonrpc":"2.0","id":${JSON.stringify(id)},"result":`;
+  return (item: StreamItem) => [head, ...responsePieces(item), '}'];
+};
 
 /**
  * The id of a JSON-RPC request body, for errors found before the envelope is checked (version,
@@ -86,12 +90,18 @@ export async function handleSendStreamingMessage(call: JsonRpcCall) {
     (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
     rpcFrame(call.id),
     call.activated,
+    service.streamFlow,
   );
 }
 
 export async function handleGetTask(call: JsonRpcCall) {
   const input = parseParams(getTaskParamsSchema, call.params);
-  return input.ok ? answer(call, await call.service.getTask(call.caller, input.value.id, input.value.historyLength)) : answer(call, input);
+  if (!input.ok) return answer(call, input);
+  const shared = await call.service.getSharedTask(call.caller, input.value.id, input.value.historyLength);
+  if (!shared.ok) return answer(call, shared);
+  // The revision's JSON as its concurrent readers share it, spliced into the envelope without a copy.
+  const pieces = [Buffer.from(`{"jsonrpc":"2.0","id":${JSON.stringify(call.id)},"result":`), shared.value.json, Buffer.from('}')];
+  return pacedBody(call.reply.type('application/json'), call.service.streamFlow, pieces);
 }
 
 export async function handleListTasks(call: JsonRpcCall) {
@@ -118,6 +128,7 @@ export async function handleSubscribeToTask(call: JsonRpcCall) {
     (signal) => service.stream(caller, input.value.id, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
     rpcFrame(call.id),
     call.activated,
+    service.streamFlow,
   );
 }
 

@@ -9,7 +9,9 @@ import {
   holdingStreamSlot,
   JSON_TYPES,
   mediaType,
+  pacedBody,
   parseParams,
+  responsePieces,
   RESPONSE_JSON,
   retryAfterHeader,
   streamToSse,
@@ -123,8 +125,9 @@ export async function handleSendStreamingMessage(call: RestCall) {
     call.request,
     call.reply,
     (signal) => service.stream(caller, accepted.value.taskId, { signal, withSnapshot: true, ...(continuing ? { lastEventId: accepted.value.afterSequence } : { fromCreation: true }) }),
-    (item) => item.response,
+    responsePieces,
     call.activated,
+    service.streamFlow,
   );
 }
 
@@ -159,8 +162,9 @@ export async function handleSubscribeToTask(call: RestCall, match: RegExpExecArr
     call.request,
     call.reply,
     (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
-    (item) => item.response,
+    responsePieces,
     call.activated,
+    service.streamFlow,
   );
 }
 
@@ -203,7 +207,10 @@ export async function handleGetTask(call: RestCall, match: RegExpExecArray) {
   const id = pathSegment(match[1]!);
   if (id === null) return restFail(call.reply, badSegment('id'));
   const input = parseParams(getTaskParamsSchema, { ...queryParams(call.request), id });
-  return input.ok ? restAnswer(call.reply, await call.service.getTask(call.caller, input.value.id, input.value.historyLength)) : restFail(call.reply, input.error);
+  if (!input.ok) return restFail(call.reply, input.error);
+  // The revision's JSON as its concurrent readers share it (encoded once, sent as it is).
+  const shared = await call.service.getSharedTask(call.caller, input.value.id, input.value.historyLength);
+  return shared.ok ? pacedBody(call.reply.code(200).type(RESPONSE_JSON), call.service.streamFlow, [shared.value.json]) : restFail(call.reply, shared.error);
 }
 
 /**

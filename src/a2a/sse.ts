@@ -1,11 +1,31 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { KeelLogger } from '../log/logger.js';
+import { drainedWithin, WRITE_SLICE_BYTES, type CutOffReason, type StreamFlow } from './stream-flow.js';
 
 // Server-Sent Events on a hijacked reply: every event carries `id: <journal sequence>` so a client
 // can resume with Last-Event-ID. A comment line keeps idle connections from timing out.
+//
+// Backpressure (stream-flow.ts): an event is written in slices while the reply holds less than
+// a2a.streams.maxBufferedBytes the client has not taken; at the bound the writer waits for the
+// client, and one that takes nothing for a2a.streams.stallTimeoutSeconds is cut off (the
+// connection reset, so neither side holds it any longer). A stream that ended gives its client
+// the same time to take its last bytes.
 
-export type SseWriter = { send: (id: number, data: unknown) => boolean; close: () => void; signal: AbortSignal };
+/** A piece of an event's data line: small framing text, or a payload buffer shared by every stream. */
+export type SsePiece = string | Buffer;
 
-export function openSse(request: FastifyRequest, reply: FastifyReply, headers: Record<string, string> = {}): SseWriter {
+export type SseWriter = {
+  /** Writes one event; false when the stream is gone or was cut off (nothing more should be sent). */
+  send: (id: number, pieces: readonly SsePiece[]) => Promise<boolean>;
+  close: () => void;
+  signal: AbortSignal;
+};
+
+export type SseFlow = { flow: StreamFlow; logger: KeelLogger; context: Record<string, unknown> };
+
+export function openSse(request: FastifyRequest, reply: FastifyReply, headers: Record<string, string>, flowOf: SseFlow): SseWriter {
+  const { flow, logger, context } = flowOf;
+  const { maxBufferedBytes, stallTimeoutMs } = flow.limits;
   reply.hijack();
   const raw = reply.raw;
   raw.writeHead(200, {
@@ -17,7 +37,8 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   });
   raw.flushHeaders?.();
   const abort = new AbortController();
-  const keepAlive = setInterval(() => raw.write(': keep-alive\n\n'), 15_000);
+  // A keep-alive line only goes out to a client that is taking what it is sent.
+  const keepAlive = setInterval(() => raw.writableLength < maxBufferedBytes && raw.write(': keep-alive\n\n'), 15_000);
   keepAlive.unref();
   const done = () => {
     clearInterval(keepAlive);
@@ -25,15 +46,62 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   };
   request.raw.on('close', done);
   raw.on('close', done);
+  let cut = false;
+  const cutOff = (reason: CutOffReason) => {
+    if (cut || raw.destroyed) return;
+    cut = true;
+    flow.cutOff('sse', reason, logger, { ...context, bufferedBytes: raw.writableLength });
+    done();
+    // A reset, not a FIN: a FIN waits behind the bytes the client does not take, so the
+    // connection would stay open on both sides.
+    const socket = raw.socket;
+    if (socket && typeof socket.resetAndDestroy === 'function') socket.resetAndDestroy();
+    else raw.destroy();
+  };
+  /** Waits while the reply holds the bound; false when the client took nothing within the stall time. */
+  const room = async (): Promise<boolean> => {
+    while (raw.writableLength >= maxBufferedBytes) {
+      if (abort.signal.aborted) return false;
+      if (!(await drainedWithin(raw, stallTimeoutMs, abort.signal))) {
+        if (!abort.signal.aborted) cutOff('stalled');
+        return false;
+      }
+    }
+    return !abort.signal.aborted;
+  };
+  const write = async (piece: SsePiece): Promise<boolean> => {
+    if (typeof piece === 'string') {
+      if (!(await room())) return false;
+      raw.write(piece);
+      return true;
+    }
+    // Slices of the shared buffer: no copy per stream, and paced with every other stream's
+    // (StreamFlow.pace) so the event loop takes its other work between them.
+    for (let start = 0; start < piece.length; start += WRITE_SLICE_BYTES) {
+      const slice = piece.subarray(start, start + WRITE_SLICE_BYTES);
+      await flow.pace(slice.length);
+      if (!(await room())) return false;
+      raw.write(slice);
+    }
+    return true;
+  };
   return {
     signal: abort.signal,
-    send: (id, data) => {
-      if (abort.signal.aborted) return false;
-      return raw.write(`id: ${id}\ndata: ${JSON.stringify(data)}\n\n`);
+    send: async (id, pieces) => {
+      if (!(await write(`id: ${id}\ndata: `))) return false;
+      for (const piece of pieces) if (!(await write(piece))) return false;
+      return write('\n\n');
     },
     close: () => {
       done();
+      if (cut || raw.destroyed) return;
       raw.end();
+      if (raw.writableFinished) return;
+      // The stream ended: its last bytes get the stall time to be taken, then the connection goes.
+      const timer = setTimeout(() => cutOff('unflushed_end'), stallTimeoutMs);
+      timer.unref();
+      raw.once('finish', () => clearTimeout(timer));
+      raw.once('close', () => clearTimeout(timer));
     },
   };
 }

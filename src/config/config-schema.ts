@@ -113,9 +113,28 @@ const privacySchema = z
   })
   .strict();
 
+// Large tasks (docs/reliability.md, "Large tasks"): the size of what one message or artifact may
+// carry, the bytes of unsealed and serialized task revisions shared by concurrent readers, and how
+// long a stream may hold a full buffer for a client that does not read before it is cut off.
+const a2aStreamsSchema = z
+  .object({
+    /** Bytes one stream may hold that its client has not taken; at the bound the stream waits for the client. */
+    maxBufferedBytes: z.number().int().min(16 * 1024).max(64 * 1024 * 1024).default(256 * 1024),
+    /** How long a stream may wait for its client to take bytes before it is cut off. */
+    stallTimeoutSeconds: z.number().min(0.1).max(3600).default(30),
+  })
+  .strict();
+
 const a2aSchema = z
   .object({
     blockingCapSeconds: z.number().min(0).max(3600).default(30),
+    /** The largest message a client may send (its JSON, in bytes); below server.bodyLimitBytes, which bounds the whole request. */
+    maxMessageBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1_000_000),
+    /** The largest artifact an agent may produce (its JSON, in bytes); a larger one fails the run. */
+    maxArtifactBytes: z.number().int().min(1024).max(256 * 1024 * 1024).default(4 * 1024 * 1024),
+    /** Bytes of task revisions kept opened and serialized for concurrent readers (0: none kept, only in-flight reads shared). */
+    taskCacheBytes: z.number().int().min(0).max(4 * 1024 * 1024 * 1024).default(64 * 1024 * 1024),
+    streams: a2aStreamsSchema.default({}),
   })
   .strict();
 

@@ -23,7 +23,8 @@ import { createRemoteAgentTool, type RemoteToolDeps } from '../remote/remote-age
 import { RemoteAgents } from '../remote/remote-agents.js';
 import { cardSignerFor, loadCardKeyFiles } from '../cards/card-trust.js';
 import { registerOperatorSurfaces } from '../ui/operator-surfaces.js';
-import { A2AService } from '../a2a/a2a-service.js';
+import { A2AService, streamFlowOf } from '../a2a/a2a-service.js';
+import { TaskRevisionCache } from '../tasks/task-revision-cache.js';
 import { refusedRequestAnswer, registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { hostPort } from '../a2a/agent-card.js';
 import { GrpcServer } from '../a2a/grpc-binding.js';
@@ -285,7 +286,20 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     },
   });
   cleanup.push(() => http.close());
-  registerOperatorSurfaces(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger, registry, ui: role !== 'worker', inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations), runSlotMetrics(() => executor?.keptFreeSlots() ?? 0), limitMetrics.registry], pushDestinations });
+  // Large tasks (docs/reliability.md): revisions shared by their readers, streams' backpressure.
+  const taskCache = new TaskRevisionCache(sealing.sealer, config.a2a.taskCacheBytes);
+  const streamFlow = streamFlowOf(config, taskCache);
+  registerOperatorSurfaces(http, {
+    pool: database.pool,
+    sealer: sealing.sealer,
+    queues,
+    config,
+    logger,
+    registry,
+    ui: role !== 'worker',
+    inProcessMetrics: [hotPath.registry, pushDestinationMetrics(pushDestinations), runSlotMetrics(() => executor?.keptFreeSlots() ?? 0), limitMetrics.registry, streamFlow.registry],
+    pushDestinations,
+  });
   let grpc: GrpcServer | null = null;
   let clientLimits: ClientLimits | null = null;
   if (role !== 'worker') {
@@ -309,6 +323,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       config,
       logger,
       shutdown: shutdown.signal,
+      taskCache,
+      streamFlow,
       cardSigner: cardSigning?.ok ? cardSigning.signer : null,
       limits,
       intake: new TaskIntake({

@@ -1,6 +1,7 @@
 import type { TerminationReason } from '../../machines/run.machine.js';
 import type { Message } from '../protocol/wire.js';
 import { approvalTimedOutText } from '../runs/approval-timeout.js';
+import { artifactTooLargeText } from '../runs/artifact-limit.js';
 
 // The one place that turns how a run ended into what its task's status says (message text and
 // metadata): GetTask's view (taskView) and the journal's status event (the projector) both take
@@ -30,6 +31,8 @@ export function failureText(reason: TerminationReason, failureDetail: Record<str
       return 'the approval this request needs could not be recorded';
     case 'result_not_stored':
       return 'the result could not be stored';
+    case 'artifact_too_large':
+      return artifactTooLargeText(failureDetail);
     // A statechart agent's run (docs/statechart-agents.md).
     case 'machine_version':
       return `the agent's machine changed while this task was in flight: its state "${String(failureDetail.state)}" is not in the current version (${String(failureDetail.current)}); the task started with version ${String(failureDetail.startedWith)}`;

@@ -168,6 +168,37 @@ export async function getTaskRow(db: CommonQueryMethods, owner: string, taskId: 
   return db.maybeOne(sql.type(taskRow)`${TASK_SELECT} WHERE t.id = ${taskId} AND t.owner = ${owner}`);
 }
 
+/** A task row's head with its row version (the tuple's xmin: every committed write of the row changes it). */
+export const taskHeadRow = taskRow.omit({ status_message: true, artifacts: true, history: true }).extend({ version: z.string() });
+export type VersionedTaskHead = z.infer<typeof taskHeadRow>;
+export type VersionedTaskRow = TaskRow & { version: string };
+
+/**
+ * The task's head and row version, without its sealed content: a reader that has this version's
+ * content opened already (task-revision-cache.ts) reads nothing more. The run's columns the view
+ * uses are in the head; they only change with the run's status, which the task row follows.
+ */
+export async function getTaskHead(db: CommonQueryMethods, owner: string, taskId: string): Promise<VersionedTaskHead | null> {
+  if (!isUuid(taskId)) return null;
+  return db.maybeOne(sql.type(taskHeadRow)`
+    SELECT t.id, t.context_id, t.owner, t.agent, t.run_id, t.state, t.status_timestamp, t.answer_level, t.metadata,
+      t.projected_revision, t.last_sequence, t.projected_state, t.direct_message, t.created_at,
+      r.termination_reason, r.failure_detail, t.xmin::text AS version
+    FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
+    WHERE t.id = ${taskId} AND t.owner = ${owner}`);
+}
+
+/** The whole task row with its row version (the content a head's version names, or a newer one). */
+export async function getVersionedTaskRow(db: CommonQueryMethods, taskId: string): Promise<VersionedTaskRow | null> {
+  if (!isUuid(taskId)) return null;
+  return db.maybeOne(sql.type(taskRow.extend({ version: z.string() }))`
+    SELECT t.id, t.context_id, t.owner, t.agent, t.run_id, t.state, t.status_timestamp, t.status_message, t.artifacts,
+      t.history, t.answer_level, t.metadata, t.projected_revision, t.last_sequence, t.projected_state, t.direct_message, t.created_at,
+      r.termination_reason, r.failure_detail, t.xmin::text AS version
+    FROM a2a_tasks t JOIN runs r ON r.id = t.run_id
+    WHERE t.id = ${taskId}`);
+}
+
 export async function getTaskRowById(db: CommonQueryMethods, taskId: string): Promise<TaskRow | null> {
   if (!isUuid(taskId)) return null;
   return db.maybeOne(sql.type(taskRow)`${TASK_SELECT} WHERE t.id = ${taskId}`);
@@ -184,10 +215,40 @@ export function openSealed<T>(sealer: Sealer, taskId: string, column: 'status_me
 
 export type TaskViewOptions = { historyLength?: number | undefined; includeArtifacts?: boolean };
 
+/** A task row without its sealed content columns: what every reader checks before the content is opened. */
+export type TaskHeadRow = Omit<TaskRow, 'status_message' | 'artifacts' | 'history'>;
+
+/** A task row's content, opened; each part read only when a view needs it. */
+export type TaskContentReader = { statusMessage: () => Message | null; artifacts: () => Artifact[]; history: () => Message[] };
+
+/** The opened content of a row's sealed columns. */
+export type TaskContent = { statusMessage: Message | null; artifacts: Artifact[]; history: Message[] };
+
+export function openTaskContent(sealer: Sealer, row: TaskRow): TaskContent {
+  return {
+    statusMessage: openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null),
+    artifacts: openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []),
+    history: openSealed<Message[]>(sealer, row.id, 'history', row.history, []),
+  };
+}
+
 /** The wire Task for a row: content opened, status message derived where the run ended without one. */
 export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions = {}): Task {
+  return taskViewOf(
+    row,
+    {
+      statusMessage: () => openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null),
+      artifacts: () => openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []),
+      history: () => openSealed<Message[]>(sealer, row.id, 'history', row.history, []),
+    },
+    options,
+  );
+}
+
+/** The wire Task for a row's head and its content (opened already, or opened as the view needs it). */
+export function taskViewOf(row: TaskHeadRow, content: TaskContentReader, options: TaskViewOptions = {}): Task {
   const state = row.state as TaskState;
-  const statusMessage = openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null);
+  const statusMessage = content.statusMessage();
   let message: Message | undefined = statusMessage ?? undefined;
   const reason = row.termination_reason as TerminationReason | null;
   if (!message && reason && state !== 'TASK_STATE_COMPLETED') {
@@ -200,11 +261,11 @@ export function taskView(sealer: Sealer, row: TaskRow, options: TaskViewOptions 
     status: { state, ...(message ? { message } : {}), timestamp: isoTime(row.status_timestamp) },
   };
   if (options.includeArtifacts !== false) {
-    const artifacts = openSealed<Artifact[]>(sealer, row.id, 'artifacts', row.artifacts, []);
+    const artifacts = content.artifacts();
     if (artifacts.length > 0) task.artifacts = artifacts;
   }
   if (options.historyLength !== 0) {
-    const history = openSealed<Message[]>(sealer, row.id, 'history', row.history, []);
+    const history = content.history();
     const shown = options.historyLength === undefined ? history : history.slice(-options.historyLength);
     if (shown.length > 0) task.history = shown;
   }
