@@ -9,7 +9,11 @@ import { drainedWithin, WRITE_SLICE_BYTES, type CutOffReason, type StreamFlow } 
 // a2a.streams.maxBufferedBytes the client has not taken; at the bound the writer waits for the
 // client, and one that takes nothing for a2a.streams.stallTimeoutSeconds is cut off (the
 // connection reset, so neither side holds it any longer). A stream that ended gives its client
-// the same time to take its last bytes.
+// the same time to take its last bytes; its connection then stays open for another request for
+// 5 s only.
+
+/** How long a stream's connection is kept for another request after the stream ended. */
+const ENDED_STREAM_KEEP_ALIVE_MS = 5_000;
 
 /** A piece of an event's data line: small framing text, or a payload buffer shared by every stream. */
 export type SsePiece = string | Buffer;
@@ -36,6 +40,7 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
     ...headers,
   });
   raw.flushHeaders?.();
+  const connection = raw.socket;
   const abort = new AbortController();
   // A keep-alive line only goes out to a client that is taking what it is sent.
   const keepAlive = setInterval(() => raw.writableLength < maxBufferedBytes && raw.write(': keep-alive\n\n'), 15_000);
@@ -96,11 +101,26 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
       done();
       if (cut || raw.destroyed) return;
       raw.end();
-      if (raw.writableFinished) return;
+      // Once the last bytes are with the kernel the connection is kept for a reuse for a short
+      // while only, then closed if no request came on it: a client that never reads (the issue's
+      // 300 subscribers) would otherwise hold it until the server's keep-alive timeout, and no
+      // client can use a stream's connection again before the stream has ended. Longer than the
+      // idle time of undici's pool (4 s), which closes such a connection first.
+      // (The socket as it was at the start: a response detaches from it once it finished.)
+      const closeConnection = () => {
+        const timer = setTimeout(() => {
+          if (connection && !connection.destroyed && !(connection as { _httpMessage?: unknown })._httpMessage) connection.destroy();
+        }, ENDED_STREAM_KEEP_ALIVE_MS);
+        timer.unref();
+      };
+      if (raw.writableFinished) return closeConnection();
       // The stream ended: its last bytes get the stall time to be taken, then the connection goes.
       const timer = setTimeout(() => cutOff('unflushed_end'), stallTimeoutMs);
       timer.unref();
-      raw.once('finish', () => clearTimeout(timer));
+      raw.once('finish', () => {
+        clearTimeout(timer);
+        closeConnection();
+      });
       raw.once('close', () => clearTimeout(timer));
     },
   };
