@@ -6,6 +6,8 @@ import type { ArtifactEmission } from '../src/providers/provider.js';
 import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { outputFromEmission } from '../src/runs/run-output-repository.js';
 import { releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
+import { dueOpenDependenciesOfRun } from '../src/remote/dependency-repository.js';
+import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { completeRun } from '../src/writes/complete-run.js';
 import { failHeldRun } from '../src/writes/uncommon-ends.js';
 import type { CompletionInput, CompletionResult, FailureInput } from '../src/writes/completion-input.js';
@@ -138,9 +140,19 @@ export class RunSettling {
     return completions ? completions.complete(input) : completeRun(pool, sealer, logger, input);
   }
 
-  private async stopped({ runId, audit, lease }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
+  private async stopped({ runId, audit, lease, cancelledDuring, runLog }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
     const { pool, workerId, queues } = this.deps.context;
     await audit.flush(pool);
+    if (lease.loss === 'cancelled') {
+      // The cancel settled the run; its worker adds where the cancel found it and how soon the
+      // work stopped, after the rest of the trail (decision 0066).
+      const during = cancelledDuring ?? { step: 'between_steps' };
+      await recordEndedRunEvent(pool, runId, 'cancelled', { ...during, stoppedInMs: Date.now() - lease.lostAt }).catch((error: Error) =>
+        runLog.warn({ err: error }, "the cancel's stop could not be recorded in the timeline"),
+      );
+      // A remote task the run started is cancelled in turn (its dependency's reconcile).
+      for (const dependencyId of await dueOpenDependenciesOfRun(pool, runId).catch(() => [])) this.deps.onDependencyWait(dependencyId);
+    }
     if (lease.released) {
       const released = await releaseRun(pool, runId, workerId);
       if (released) {

@@ -13,6 +13,12 @@ export type LeaseLoss = 'lease_lost' | 'cancelled';
  */
 export class LeaseKeeper {
   readonly abort = new AbortController();
+  /**
+   * Aborted only when the run was cancelled (never for a lost lease or a shutdown's release): a
+   * step still running then is no longer waited for, and its late result is discarded
+   * (decision 0066). A released run still waits for its step, so it is not run twice at once.
+   */
+  readonly cancelled = new AbortController();
   private lost: LeaseLoss | null = null;
   private lastRenewal = Date.now();
   private timer: NodeJS.Timeout | null = null;
@@ -50,11 +56,15 @@ export class LeaseKeeper {
   release(): void {
     if (this.lost) return;
     this.lost = 'lease_lost';
+    this.lostAt = Date.now();
     this.released = true;
     this.abort.abort();
   }
 
   released = false;
+
+  /** When the loss was noticed (ms since the epoch), or 0. */
+  lostAt = 0;
 
   /** A step boundary: renews unless a renewal (or the claim) just happened. */
   async checkpoint(): Promise<LeaseLoss | null> {
@@ -79,9 +89,12 @@ export class LeaseKeeper {
     const status = await this.pool
       .maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${this.runId}`)
       .catch(() => null);
+    if (this.lost) return this.lost;
     this.lost = status === 'cancelled' ? 'cancelled' : 'lease_lost';
     this.logger.info({ runId: this.runId, why: this.lost }, 'run no longer owned by this worker; stopping without settling');
+    this.lostAt = Date.now();
     this.abort.abort();
+    if (this.lost === 'cancelled') this.cancelled.abort();
     return this.lost;
   }
 }
