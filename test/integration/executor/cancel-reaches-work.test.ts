@@ -33,6 +33,11 @@ const slug = (binding: Binding) => binding.toLowerCase().replace(/[^a-z0-9]+/g, 
 const STOP_WITHIN_MS = 1000;
 const STUBBORN_HOLD_MS = 1500;
 
+/** KEEL_PRINT_CANCEL_FIGURES=1 prints each measured delay (docs/reliability.md, "Cancellation", was taken from them). */
+const figure = (what: string, ms: number) => {
+  if (process.env.KEEL_PRINT_CANCEL_FIGURES) console.log(`[cancel] ${QUEUE} ${what}: ${ms} ms`);
+};
+
 const logs = tempDir('keel-cancel-');
 const logOf = (name: string) => join(logs, `${name}.log`);
 /** The `<event> <epoch ms>` lines a fixture wrote, as event → time. */
@@ -154,6 +159,7 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     const cancelled = await cancel(client, taskId);
     expect(cancelled.state).toBe('TASK_STATE_CANCELED');
     const abortedAt = await loggedAt(log, 'aborted');
+    figure(`tool aborted after CancelTask (${binding}), its answer taking ${cancelled.answeredAt - cancelled.sentAt} ms`, abortedAt - cancelled.sentAt);
     expect(abortedAt - cancelled.sentAt, 'from CancelTask to the tool seeing its signal abort').toBeLessThan(STOP_WITHIN_MS);
     expect(logged(log).has('finished')).toBe(false);
 
@@ -178,6 +184,7 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     // The worker stopped waiting at once: its stop is recorded before the tool finished.
     const stopped = await timelineWith(taskId, ['cancelled']);
     expect(eventOf(stopped, 'cancelled')).toMatchObject({ step: 'tool', name: 'slow_stubborn' });
+    figure('stubborn tool: run stopped after CancelTask', Math.round((stopped.find((event) => event.kind === 'cancelled')!.created_at as number) - cancelled.sentAt));
     expect(logged(log).has('finished'), 'the tool was still working when the run stopped').toBe(false);
 
     const finishedAt = await loggedAt(log, 'finished');
@@ -205,6 +212,7 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     const cancelled = await cancel(client, taskId);
     expect(cancelled.state).toBe('TASK_STATE_CANCELED');
     const closedAt = await waitFor(async () => request.closedAt, 'the model connection to close', 15_000, 10);
+    figure(`model connection closed after CancelTask, its answer taking ${cancelled.answeredAt - cancelled.sentAt} ms`, closedAt - cancelled.sentAt);
     expect(closedAt - cancelled.sentAt, 'from CancelTask to the model connection closed').toBeLessThan(STOP_WITHIN_MS);
     const events = await timelineWith(taskId, ['cancelled', 'late_result_discarded']);
     expect(eventOf(events, 'cancelled')).toMatchObject({ step: 'model', name: 'slow-model' });
@@ -219,6 +227,7 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     const cancelled = await cancel(client, taskId);
     expect(cancelled.state).toBe('TASK_STATE_CANCELED');
     const abortedAt = await loggedAt(log, 'aborted');
+    figure(`statechart step aborted after CancelTask, its answer taking ${cancelled.answeredAt - cancelled.sentAt} ms`, abortedAt - cancelled.sentAt);
     expect(abortedAt - cancelled.sentAt, 'from CancelTask to the step seeing its signal abort').toBeLessThan(STOP_WITHIN_MS);
     const events = await timelineWith(taskId, ['cancelled', 'late_result_discarded']);
     expect(eventOf(events, 'cancelled')).toMatchObject({ step: 'step', name: 'hold' });
@@ -237,6 +246,7 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     const cancelled = await cancel(client, taskId);
     // The answer to CancelTask is the task already CANCELED: nothing waits for a worker.
     expect(cancelled.state).toBe('TASK_STATE_CANCELED');
+    figure(`CancelTask round trip in ${wait}`, cancelled.answeredAt - cancelled.sentAt);
     expect(await getRun(keel.context.pool, taskId)).toMatchObject({ status: 'cancelled', termination_reason: 'cancelled', suspended_state: null, claimed_by: null });
     const events = await timelineWith(taskId, ['cancelled']);
     expect(eventOf(events, 'cancelled')).toEqual({ from: wait });

@@ -84,6 +84,7 @@ describe(`a cancelled parent cancels its remote child (${QUEUE} queue backend)`,
     }, 'the child task to be CANCELED on keel-b', 15_000);
     expect(child).toEqual({ state: 'TASK_STATE_CANCELED', run_status: 'cancelled' });
     const childEndedInMs = Date.now() - cancelledAt;
+    if (process.env.KEEL_PRINT_CANCEL_FIGURES) console.log(`[cancel] ${QUEUE} remote child CANCELED after the parent's CancelTask (${agent}): ${childEndedInMs} ms`);
     expect(childEndedInMs, 'the child ends well before its minute of work').toBeLessThan(10_000);
 
     // A's side: the dependency ended, and the parent's timeline says what was cancelled.
