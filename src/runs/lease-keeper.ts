@@ -9,7 +9,8 @@ export type LeaseLoss = 'lease_lost' | 'cancelled';
  * Keeps a claimed run's lease alive: a heartbeat while the run is in flight (a long provider call
  * included) and a renewal at every step boundary. When a renewal updates no row the lease is lost
  * (or the run was cancelled): the keeper aborts the in-flight step and the executor stops without
- * settling.
+ * settling. A cancel's NOTIFY makes the executor renew at once (decision 0066), so a cancel is
+ * noticed within moments, not at the next heartbeat.
  */
 export class LeaseKeeper {
   readonly abort = new AbortController();
