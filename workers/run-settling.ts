@@ -5,7 +5,7 @@ import { isConnectionError } from '../src/db/pool.js';
 import type { ArtifactEmission } from '../src/providers/provider.js';
 import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { outputFromEmission } from '../src/runs/run-output-repository.js';
-import { releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
+import { getRun, releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
 import { dueOpenDependenciesOfRun } from '../src/remote/dependency-repository.js';
 import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { completeRun } from '../src/writes/complete-run.js';
@@ -165,6 +165,25 @@ export class RunSettling {
     return { kind: 'stopped', why: outcome.why };
   }
 
+  /**
+   * The run's end was refused by its guarded write. When a cancel committed first (the cancel won
+   * the race with the end), the end is discarded, never applied: the timeline keeps what the run
+   * did, not that it ended so, and records the discarded end (decision 0066).
+   */
+  private async endRefused({ runId, audit, runLog, lease }: RunInHand, end: 'completed' | 'failed'): Promise<void> {
+    const { pool } = this.deps.context;
+    try {
+      if ((await getRun(pool, runId))?.status !== 'cancelled') return;
+      audit.restoreTaken((event) => event.kind !== end);
+      await audit.flush(pool);
+      // The cancel found the run writing its end: that is where it stopped.
+      await recordEndedRunEvent(pool, runId, 'cancelled', { step: 'end', name: end, stoppedInMs: lease.lostAt === 0 ? 0 : Date.now() - lease.lostAt });
+      await recordEndedRunEvent(pool, runId, 'late_result_discarded', { step: 'end', outcome: end });
+    } catch (error) {
+      runLog.warn({ err: error }, 'a run end refused after its cancel could not be recorded in the timeline');
+    }
+  }
+
   /** `resultArtifacts`: artifacts of the result (a statechart's output), written by the completion transaction. */
   private async completed(hand: RunInHand, outcome: Outcome<'complete'>, totals: RunTotals, resultArtifacts: readonly ArtifactEmission[]): Promise<ExecutionReport> {
     const { pool, workerId } = this.deps.context;
@@ -208,7 +227,10 @@ export class RunSettling {
       }
       return failed;
     });
-    if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    if (!settled.settled) {
+      await this.endRefused(hand, 'completed');
+      return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    }
     return { kind: 'settled', status: settled.run.status as 'completed' | 'failed', reason: settled.run.termination_reason ?? outcome.reason };
   }
 
@@ -224,7 +246,10 @@ export class RunSettling {
       taskId: hand.run.task_id,
       hasOutputs: hand.storedOutputs > 0,
     });
-    if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    if (!settled.settled) {
+      await this.endRefused(hand, 'failed');
+      return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    }
     return { kind: 'settled', status: 'failed', reason: outcome.reason };
   }
 
