@@ -235,6 +235,24 @@ describe(`cancellation reaches the work (${QUEUE} queue backend)`, () => {
     expect(await getRun(keel.context.pool, taskId)).toMatchObject({ status: 'cancelled', termination_reason: 'cancelled' });
   }, 60_000);
 
+  it("a statechart step that ignores its signal is not waited for; its late output is discarded, the machine never moves on", async () => {
+    const log = logOf('chart-stubborn');
+    const { client, taskId } = await send('chart', 'JSONRPC', { mode: 'stubborn', logFile: log });
+    await loggedAt(log, 'started');
+    const cancelled = await cancel(client, taskId);
+    expect(cancelled.state).toBe('TASK_STATE_CANCELED');
+    const stopped = await timelineWith(taskId, ['cancelled']);
+    expect(eventOf(stopped, 'cancelled')).toMatchObject({ step: 'step', name: 'stubborn' });
+    expect(logged(log).has('finished'), 'the step was still working when the run stopped').toBe(false);
+    await loggedAt(log, 'finished');
+    const events = await timelineWith(taskId, ['late_result_discarded']);
+    expect(eventOf(events, 'late_result_discarded')).toMatchObject({ step: 'step', tool: 'step:stubborn', outcome: 'ok' });
+    // The machine's path ends where the cancel found it: the step's output reached no transition.
+    const path = await keel.context.pool.anyFirst(sql.type(z.object({ state: z.unknown() }))`SELECT state FROM run_machine_steps WHERE run_id = ${taskId} ORDER BY sequence`);
+    expect(path).toEqual(['insisting']);
+    expect(await resultOf(taskId)).toMatchObject({ state: 'TASK_STATE_CANCELED', outputs: 0, artifact_events: 0 });
+  }, 60_000);
+
   const waits = [
     { wait: 'waiting_for_input', agent: 'asks', data: undefined },
     { wait: 'waiting_for_approval', agent: 'emails', data: undefined },
