@@ -36,6 +36,11 @@ export type ExecutorOptions = RetryPolicy & {
   onRunStarted?: (path: 'fast' | 'queue') => void;
   /** The push outbox's bounds, for the deliveries a run's end writes with its journal rows. */
   projection?: ProjectionOptions;
+  /**
+   * Subscribes to the cancels NOTIFYd by cancelRun (the run's id, or null when some may have been
+   * missed); returns the unsubscribe. Without it a cancel is noticed at the next lease renewal.
+   */
+  cancelNotices?: (onCancel: (runId: string | null) => void) => () => void;
 };
 
 /** How a run's loop or machine ended, with the state to settle it from (and a statechart output's artifacts). */
@@ -102,4 +107,11 @@ export type RunInHand = {
   held: HeldRows | null;
   /** How many artifacts the run stored (1 when it may have stored some before this drive: completion then reads them). */
   storedOutputs: number;
+  /** The step the run is waiting for now (a cancel's timeline event names it), or null between steps. */
+  current: RunningStepName | null;
+  /** Where the run's cancel found it (set when the cancel is noticed). */
+  cancelledDuring: RunningStepName | { step: 'between_steps' } | null;
 };
+
+/** A step in flight, as a cancel's timeline event names it. */
+export type RunningStepName = { step: 'tool' | 'model' | 'step'; name: string; callId?: string };

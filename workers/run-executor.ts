@@ -20,13 +20,25 @@ import {
   takeOverHandoff,
   type Claim,
 } from '../src/runs/run-repository.js';
+import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { runRequestSchema, type RunRequest } from '../src/runs/run-request.js';
+import type { DiscardLate } from '../src/runs/unless-cancelled.js';
 import { isFirstClaim, type RunRow } from '../src/runs/run-row.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import { scrubTaskJournal } from '../src/tasks/journal.js';
 import { clearStatusMessage, scrubTaskContent, tightenTaskContent } from '../src/tasks/task-repository.js';
 import { heldRowsOf, insertedRunRow } from './fast-run-rows.js';
-import { NO_END_JOURNALING, type AfterCommit, type DrivenRun, type EndJournaling, type ExecutionReport, type ExecutorOptions, type RunExecutor, type RunInHand } from './run-execution.js';
+import {
+  NO_END_JOURNALING,
+  type AfterCommit,
+  type DrivenRun,
+  type EndJournaling,
+  type ExecutionReport,
+  type ExecutorOptions,
+  type RunExecutor,
+  type RunInHand,
+  type RunningStepName,
+} from './run-execution.js';
 import { RunSettling } from './run-settling.js';
 import { RunSlots, type Slot } from './run-slots.js';
 import { driveRun, ToolValidators } from './run-steps.js';
@@ -101,8 +113,19 @@ const claimWoken = async (pool: DatabasePool, claim: Claim, runId: string) =>
 /** What a run's lease keeper and provider chain need of the executor. */
 type ChainDeps = { pool: DatabasePool; sealer: Sealer; workerId: string; options: ExecutorOptions; afterCommit: AfterCommit; scrubServedTask: ScrubServedTask };
 
+/** What the run's steps tell of themselves: which one is waited for, and a late answer to discard. */
+type StepWatch = { calling: (step: RunningStepName | null) => void; discard: DiscardLate };
+
 /** The run's lease keeper, started, and its provider chain, which applies a fallback's ceilings with the scrub of what they no longer allow. */
-function leaseAndChain(deps: ChainDeps, run: RunRow, agent: RegisteredAgent, audit: AuditTrail, slot: Slot, runLog: RunInHand['runLog']): { lease: LeaseKeeper; providerChain: ProviderChain } {
+function leaseAndChain(
+  deps: ChainDeps,
+  run: RunRow,
+  agent: RegisteredAgent,
+  audit: AuditTrail,
+  slot: Slot,
+  runLog: RunInHand['runLog'],
+  watch: StepWatch,
+): { lease: LeaseKeeper; providerChain: ProviderChain } {
   const { pool, sealer, workerId, options, afterCommit } = deps;
   const runId = run.id;
   const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
@@ -118,6 +141,8 @@ function leaseAndChain(deps: ChainDeps, run: RunRow, agent: RegisteredAgent, aud
       policy: options,
       audit,
       lease,
+      discard: watch.discard,
+      calling: (provider) => watch.calling(provider === null ? null : { step: 'model', name: provider }),
       switchTo: async (index) => {
         const switched = await applyLinkCeilings(pool, sealer, { runId, workerId, taskId: run.task_id, audit }, agent.chain[index]!, index, deps.scrubServedTask);
         afterCommit(runId);
@@ -170,6 +195,28 @@ export function createRunExecutor(
 
   /** Runs this process is driving: a claim made again after a lost connection must not drive one twice. */
   const driving = new Set<string>();
+  /** The lease of each run this process drives now: a cancel NOTIFYd for one renews it at once, and the refused renewal stops its work. */
+  const leases = new Map<string, LeaseKeeper>();
+  options.cancelNotices?.((runId) => {
+    if (runId === null) for (const lease of leases.values()) void lease.renew();
+    else void leases.get(runId)?.renew();
+  });
+
+  /**
+   * A step's answer that came after its run was cancelled: recorded in the run's timeline once the
+   * run's stop is written (never applied: the run is no longer held, and every write is guarded),
+   * and a remote task it started is cancelled in turn through its dependency's reconcile.
+   */
+  const discarderFor =
+    (runId: string, lease: LeaseKeeper, ended: Promise<void>, runLog: RunInHand['runLog']): DiscardLate =>
+    (late, meta) =>
+      void (async () => {
+        const answer = await late;
+        const afterCancelMs = Date.now() - lease.lostAt;
+        await ended;
+        await recordEndedRunEvent(pool, runId, 'late_result_discarded', { ...meta, outcome: answer.outcome, afterCancelMs });
+        if (answer.dependencyId) onDependencyWait(answer.dependencyId);
+      })().catch((error: Error) => runLog.warn({ err: error }, 'a late result was discarded but could not be recorded in the timeline'));
 
   /**
    * The claim, made again once the database answers when its connection was lost: a claim that
@@ -273,7 +320,12 @@ export function createRunExecutor(
     }
 
     const audit = await openTrail(pool, run, rebuilt.state, { fresh, workerId, fastPath: insertedRequest !== null, redriven }, runLog);
-    const { lease, providerChain } = leaseAndChain(chainDeps, run, agent, audit, slot, runLog);
+    let markEnded = () => undefined as void;
+    const ended = new Promise<void>((resolve) => (markEnded = resolve));
+    let discard: DiscardLate = () => undefined;
+    const watch: StepWatch = { calling: (step) => (hand.current = step), discard: (late, meta) => discard(late, meta) };
+    const { lease, providerChain } = leaseAndChain(chainDeps, run, agent, audit, slot, runLog, watch);
+    discard = discarderFor(runId, lease, ended, runLog);
     const hand: RunInHand = {
       run,
       runId,
@@ -284,17 +336,27 @@ export function createRunExecutor(
       held: heldRowsOf(fast, agent),
       // A resumed or requeued run may have stored artifacts before: then completion reads them.
       storedOutputs: fresh ? 0 : 1,
+      current: null,
+      cancelledDuring: null,
     };
-    let driven: DrivenRun;
+    // Where the cancel found the run, for its timeline: the step it waited for, or none.
+    lease.cancelled.signal.addEventListener('abort', () => (hand.cancelledDuring = hand.current ?? { step: 'between_steps' }), { once: true });
+    leases.set(runId, lease);
     try {
-      driven = await driveRun({ hand, pool, sealer, workerId, fetch, afterCommit, tools, providerChain, maxArtifactBytes: context.config.a2a.maxArtifactBytes }, rebuilt.state, loopStepper);
-    } catch (error) {
-      if (!isConnectionError(error)) runLog.error({ err: error }, 'the run crashed; it stays claimed until its lease expires');
-      throw error;
+      let driven: DrivenRun;
+      try {
+        driven = await driveRun({ hand, pool, sealer, workerId, fetch, afterCommit, tools, providerChain, discard: watch.discard, maxArtifactBytes: context.config.a2a.maxArtifactBytes }, rebuilt.state, loopStepper);
+      } catch (error) {
+        if (!isConnectionError(error)) runLog.error({ err: error }, 'the run crashed; it stays claimed until its lease expires');
+        throw error;
+      } finally {
+        lease.stop();
+        if (leases.get(runId) === lease) leases.delete(runId);
+      }
+      return await settling.settle(hand, driven);
     } finally {
-      lease.stop();
+      markEnded();
     }
-    return settling.settle(hand, driven);
   }
 
   return {

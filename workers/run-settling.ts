@@ -5,7 +5,9 @@ import { isConnectionError } from '../src/db/pool.js';
 import type { ArtifactEmission } from '../src/providers/provider.js';
 import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { outputFromEmission } from '../src/runs/run-output-repository.js';
-import { releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
+import { getRun, releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
+import { dueOpenDependenciesOfRun } from '../src/remote/dependency-repository.js';
+import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { completeRun } from '../src/writes/complete-run.js';
 import { failHeldRun } from '../src/writes/uncommon-ends.js';
 import type { CompletionInput, CompletionResult, FailureInput } from '../src/writes/completion-input.js';
@@ -138,9 +140,19 @@ export class RunSettling {
     return completions ? completions.complete(input) : completeRun(pool, sealer, logger, input);
   }
 
-  private async stopped({ runId, audit, lease }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
+  private async stopped({ runId, audit, lease, cancelledDuring, runLog }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
     const { pool, workerId, queues } = this.deps.context;
     await audit.flush(pool);
+    if (lease.loss === 'cancelled') {
+      // The cancel settled the run; its worker adds where the cancel found it and how soon the
+      // work stopped, after the rest of the trail (decision 0066).
+      const during = cancelledDuring ?? { step: 'between_steps' };
+      await recordEndedRunEvent(pool, runId, 'cancelled', { ...during, stoppedInMs: Date.now() - lease.lostAt }).catch((error: Error) =>
+        runLog.warn({ err: error }, "the cancel's stop could not be recorded in the timeline"),
+      );
+      // A remote task the run started is cancelled in turn (its dependency's reconcile).
+      for (const dependencyId of await dueOpenDependenciesOfRun(pool, runId).catch(() => [])) this.deps.onDependencyWait(dependencyId);
+    }
     if (lease.released) {
       const released = await releaseRun(pool, runId, workerId);
       if (released) {
@@ -151,6 +163,25 @@ export class RunSettling {
       }
     }
     return { kind: 'stopped', why: outcome.why };
+  }
+
+  /**
+   * The run's end was refused by its guarded write. When a cancel committed first (the cancel won
+   * the race with the end), the end is discarded, never applied: the timeline keeps what the run
+   * did, not that it ended so, and records the discarded end (decision 0066).
+   */
+  private async endRefused({ runId, audit, runLog, lease }: RunInHand, end: 'completed' | 'failed'): Promise<void> {
+    const { pool } = this.deps.context;
+    try {
+      if ((await getRun(pool, runId))?.status !== 'cancelled') return;
+      audit.restoreTaken((event) => event.kind !== end);
+      await audit.flush(pool);
+      // The cancel found the run writing its end: that is where it stopped.
+      await recordEndedRunEvent(pool, runId, 'cancelled', { step: 'end', name: end, stoppedInMs: lease.lostAt === 0 ? 0 : Date.now() - lease.lostAt });
+      await recordEndedRunEvent(pool, runId, 'late_result_discarded', { step: 'end', outcome: end });
+    } catch (error) {
+      runLog.warn({ err: error }, 'a run end refused after its cancel could not be recorded in the timeline');
+    }
   }
 
   /** `resultArtifacts`: artifacts of the result (a statechart's output), written by the completion transaction. */
@@ -196,7 +227,10 @@ export class RunSettling {
       }
       return failed;
     });
-    if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    if (!settled.settled) {
+      await this.endRefused(hand, 'completed');
+      return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    }
     return { kind: 'settled', status: settled.run.status as 'completed' | 'failed', reason: settled.run.termination_reason ?? outcome.reason };
   }
 
@@ -212,7 +246,10 @@ export class RunSettling {
       taskId: hand.run.task_id,
       hasOutputs: hand.storedOutputs > 0,
     });
-    if (!settled.settled) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    if (!settled.settled) {
+      await this.endRefused(hand, 'failed');
+      return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+    }
     return { kind: 'settled', status: 'failed', reason: outcome.reason };
   }
 

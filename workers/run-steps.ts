@@ -18,6 +18,7 @@ import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-rep
 import { announceRunOutputs, lockHeldRun, markNonIdempotentCall } from '../src/runs/run-repository.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
+import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
 import type { DatabasePool } from '../src/db/pool.js';
 import type { AfterCommit, DrivenRun, RunInHand } from './run-execution.js';
 import { runStatechartAgent } from './statechart-agent-run.js';
@@ -61,6 +62,8 @@ export type StepContext = {
   providerChain: ProviderChain;
   /** a2a.maxArtifactBytes: the largest artifact (or answer) the agent may produce. */
   maxArtifactBytes: number;
+  /** Takes what a step answers after the run was cancelled: recorded as discarded, never applied. */
+  discard: DiscardLate;
 };
 
 /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
@@ -130,17 +133,34 @@ async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult 
   if (tool.effect === 'non_idempotent_write') {
     if (!(await markNonIdempotentCall(pool, runId, workerId, call.id))) return 'stop';
   }
-  const started = Date.now();
+  const startedAt = Date.now();
   let result: ToolResult;
+  // A cancel stops the wait for the tool at once, whether it honours its signal or not; what it
+  // still answers is discarded (decision 0066).
+  const running = started(() => tool.run(call.arguments, { runId, agentId: agent.config.id, toolCallId: call.id, fetch: ctx.fetch, signal: lease.abort.signal, logger: runLog }));
+  hand.current = { step: 'tool', name: call.name, callId: call.id };
   try {
-    result = await tool.run(call.arguments, { runId, agentId: agent.config.id, toolCallId: call.id, fetch: ctx.fetch, signal: lease.abort.signal, logger: runLog });
+    const raced = await unlessCancelled(running, lease.cancelled.signal);
+    if (!raced.done) {
+      ctx.discard(
+        running.then(
+          (late): LateOutcome => ({ outcome: late.kind, ...(late.kind === 'dependency' ? { dependencyId: late.dependencyId } : {}) }),
+          (): LateOutcome => ({ outcome: 'error' }),
+        ),
+        { step: 'tool', tool: call.name, callId: call.id },
+      );
+      return 'stop';
+    }
+    result = raced.value;
   } catch (error) {
     result = { kind: 'error', message: `tool ${call.name} failed: ${(error as Error).message}` };
+  } finally {
+    hand.current = null;
   }
   if (tool.effect === 'non_idempotent_write') await markNonIdempotentCall(pool, runId, workerId, null);
   audit.record({
     kind: 'tool_result',
-    meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - started },
+    meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - startedAt },
     content:
       result.kind === 'ok'
         ? { result: result.content }
@@ -217,6 +237,9 @@ export async function driveRun(ctx: StepContext, state: LoopState, loopStepper: 
       logger: hand.runLog,
       fetch: ctx.fetch,
       signal: hand.lease.abort.signal,
+      cancelled: hand.lease.cancelled.signal,
+      discard: ctx.discard,
+      current: (step) => (hand.current = step),
       providerChain: ctx.providerChain,
       checkpoint: () => checkpoint(ctx),
       runTool: (call) => runOneTool(ctx, call),

@@ -23,6 +23,8 @@ import {
 } from '../src/statecharts/statechart-run.js';
 import type { AskApprovalInput, AskInputInput, CallModelInput, CallRemoteAgentInput, CallToolInput, StepMarker } from '../src/statecharts/steps.js';
 import type { ToolResult } from '../src/tools/tool.js';
+import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
+import type { RunningStepName } from './run-execution.js';
 
 // A statechart agent's run inside the runs worker (docs/statechart-agents.md): the machine decides
 // (src/statecharts/statechart-run.ts), this host does the I/O of each step and commits each
@@ -58,7 +60,14 @@ export type StatechartRunDeps = {
   audit: AuditTrail;
   logger: KeelLogger;
   fetch: GuardedFetch;
+  /** Aborted when the run stops (cancelled, lease lost, released): every step's signal follows it. */
   signal: AbortSignal;
+  /** Aborted only when the run was cancelled: a custom step still running is no longer waited for. */
+  cancelled: AbortSignal;
+  /** Takes what a step answers after the run was cancelled: recorded as discarded, never applied. */
+  discard: DiscardLate;
+  /** Told which step the run waits for (null once it answered), for a cancel's timeline event. */
+  current: (step: RunningStepName | null) => void;
   providerChain: ProviderChain;
   checkpoint: () => Promise<{ alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' }>;
   runTool: (call: ToolCall) => Promise<ToolResult | 'stop'>;
@@ -137,7 +146,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
   let modelCalls = state.iteration;
 
   const toolOutcome = (result: ToolResult | 'stop', step: RunningStep, name: string): StepOutcome => {
-    if (result === 'stop') return { kind: 'stop', why: 'lease_lost' };
+    if (result === 'stop') return { kind: 'stop', why: deps.cancelled.aborted ? 'cancelled' : 'lease_lost' };
     switch (result.kind) {
       case 'ok':
         return { kind: 'done', output: result.content };
@@ -238,14 +247,32 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
           unsettledWrites.add(step.key);
           if (!(await markNonIdempotentCall(pool, runId, workerId, step.key))) return { kind: 'stop', why: 'lease_lost' };
         }
-        const started = Date.now();
+        const startedAt = Date.now();
+        // The step's signal aborts when the machine leaves its state or the run stops (a cancel
+        // included); a cancel also stops the wait for a step that ignores it (decision 0066).
+        const stepSignal = AbortSignal.any([signal, deps.signal]);
+        const running = started(() => marker.run!(step.input as never, { runId, agentId: agent.config.id, stepKey: step.key, fetch: deps.fetch, signal: stepSignal, logger: deps.logger }));
+        deps.current({ step: 'step', name: step.src, callId: step.key });
         try {
-          const output = await marker.run!(step.input as never, { runId, agentId: agent.config.id, stepKey: step.key, fetch: deps.fetch, signal, logger: deps.logger });
-          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'ok', durationMs: Date.now() - started }, content: { result: output } });
+          const raced = await unlessCancelled(running, deps.cancelled);
+          if (!raced.done) {
+            deps.discard(
+              running.then(
+                (): LateOutcome => ({ outcome: 'ok' }),
+                (): LateOutcome => ({ outcome: 'error' }),
+              ),
+              { step: 'step', tool: `step:${step.src}`, callId: step.key },
+            );
+            return { kind: 'stop', why: 'cancelled' };
+          }
+          const output = raced.value;
+          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'ok', durationMs: Date.now() - startedAt }, content: { result: output } });
           return { kind: 'done', output: output === undefined ? null : JSON.parse(JSON.stringify(output)) };
         } catch (error) {
-          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'error', durationMs: Date.now() - started }, content: { error: (error as Error).message } });
+          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'error', durationMs: Date.now() - startedAt }, content: { error: (error as Error).message } });
           return { kind: 'error', error: { message: (error as Error).message } };
+        } finally {
+          deps.current(null);
         }
       }
     }
@@ -254,6 +281,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
   const host: StatechartHost = {
     perform: (step, marker, signal) => perform(step, marker, signal),
     checkpoint: deps.checkpoint,
+    cancelled: deps.cancelled,
     commit: async ({ record, value, event, shown }) => {
       // An artifact over a2a.maxArtifactBytes: nothing of the transition is written and the run fails (below).
       oversized ??= oversizedArtifact(shown.artifacts, null, deps.maxArtifactBytes);

@@ -9,6 +9,7 @@ import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { provideRunInput } from '../runs/resume-run.js';
 import { cancelRun } from '../runs/run-repository.js';
+import { cancelRemoteChildren } from '../remote/cancel-remote-children.js';
 import type { TranscriptMessage } from '../providers/provider.js';
 import type { RunRequest } from '../runs/run-request.js';
 import type { TaskIntake } from '../writes/task-intake.js';
@@ -440,6 +441,8 @@ export class A2AService {
       return fail(A2AErrors.taskNotCancelable(`task ${id} ended before it could be cancelled`, { metadata: { taskId: id } }));
     }
     this.deps.projector.wake(row.run_id);
+    // A run waiting on a remote agent cancels that task too (a running one: its worker does, once its work stopped).
+    if ('from' in result && result.from !== 'running') await cancelRemoteChildren(this.deps, row.run_id);
     return this.getTask(caller, id);
   }
 

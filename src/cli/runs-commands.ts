@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { RUN_STATUSES, type RunStatus } from '../../machines/run.machine.js';
 import { cancelRun, getRun, listRuns } from '../runs/run-repository.js';
+import { dueOpenDependenciesOfRun } from '../remote/dependency-repository.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
@@ -178,6 +179,8 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
       const config = loadConfigOrExit(globals());
       await withDatabase(config, async (pool, logger) => {
         const result = await cancelRun(pool, logger, id);
+        // Remote tasks the run waits on are made due: a running Keel's poller cancels them.
+        if (result.settled) await dueOpenDependenciesOfRun(pool, id);
         if (result.settled) {
           process.stdout.write(`run ${id} cancelled\n`);
           return;

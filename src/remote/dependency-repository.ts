@@ -179,6 +179,16 @@ export async function storeCallback(
   });
 }
 
+/**
+ * The dependencies of a run still open (its remote tasks not ended), made due at once: a cancelled
+ * run cancels each in turn, by a reconcile enqueued now or, if that wake-up is lost, by the poller.
+ */
+export async function dueOpenDependenciesOfRun(db: CommonQueryMethods, runId: string): Promise<readonly string[]> {
+  return db.anyFirst(sql.type(z.object({ id: z.string() }))`
+    UPDATE dependencies SET next_poll_at = now()
+    WHERE run_id = ${runId} AND state IN ('pending', 'waiting') RETURNING id`);
+}
+
 export async function openDependencies(db: CommonQueryMethods, limit: number): Promise<readonly DependencyRow[]> {
   return db.any(sql.type(dependencyRow)`
     SELECT * FROM dependencies WHERE state IN ('pending', 'waiting') AND next_poll_at <= now() ORDER BY next_poll_at LIMIT ${limit}`);

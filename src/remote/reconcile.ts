@@ -1,11 +1,12 @@
-import { GetTaskRequest } from '@a2a-js/sdk';
+import { CancelTaskRequest, GetTaskRequest } from '@a2a-js/sdk';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import type { KeelContext } from '../context/keel-context.js';
 import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { enqueueHandOff, HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
-import { TaskNotFoundError } from '@a2a-js/sdk/errors';
+import { TaskNotCancelableError, TaskNotFoundError } from '@a2a-js/sdk/errors';
+import { recordEndedRunEvent } from '../runs/run-event-repository.js';
 import {
   acknowledgeDependency,
   callbackBodyContext,
@@ -29,7 +30,7 @@ import { randomBytes } from 'node:crypto';
 // callbacks, a callback racing the poller, or two workers resolve and resume once; a run left
 // waiting between the two (a crash) is handed over again by the poller.
 
-export type ReconcileOutcome = 'resolved' | 'failed' | 'waiting' | 'not_ready' | 'already_done' | 'unreachable';
+export type ReconcileOutcome = 'resolved' | 'failed' | 'waiting' | 'not_ready' | 'already_done' | 'unreachable' | 'cancelled';
 
 /** The default of `inbox.unacknowledgedGiveUpSeconds`. */
 const PENDING_GIVE_UP_MS = 10 * 60_000;
@@ -51,6 +52,9 @@ export async function reconcileDependency(
     return (await resumeIfWaiting(context, dependency)) ? dependency.state : 'already_done';
   }
   if (dependency.state === 'pending' || !dependency.remote_task_id) dependency = (await adoptRemoteTask(context, remotes, dependency)) ?? dependency;
+  // The run that started the remote task was cancelled: the remote task is cancelled in turn, as
+  // soon as its id is known (decision 0066); until then the dependency waits like any other.
+  if (dependency.remote_task_id && (await runStatus(context, dependency.run_id)) === 'cancelled') return cancelRemoteTask(context, remotes, dependency);
   if (dependency.state === 'pending' || !dependency.remote_task_id) {
     // A callback before the remote task id is known is kept; it is reconciled once the id is
     // stored or proven by GetTask. A message never acknowledged (the sender crashed mid-send, or
@@ -100,6 +104,53 @@ export async function reconcileDependency(
   const fresh = await getDependency(context.pool, dependencyId);
   await resumeIfWaiting(context, fresh ?? dependency, verdict.result);
   return verdict.kind;
+}
+
+const runStatus = (context: Pick<KeelContext, 'pool'>, runId: string) =>
+  context.pool.maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${runId}`);
+
+/**
+ * CancelTask on the remote task of a cancelled run, as the agent's own client: the dependency ends
+ * (failed, `parent_cancelled`) and the run's timeline records what the remote answered. A remote
+ * that cannot be reached now is asked again at the next poll, with backoff.
+ */
+async function cancelRemoteTask(context: Pick<KeelContext, 'pool' | 'sealer' | 'logger'>, remotes: RemoteAgents, dependency: DependencyRow): Promise<ReconcileOutcome> {
+  const remoteTaskId = dependency.remote_task_id!;
+  const lookup = await remotes.get(dependency.remote_agent);
+  if (!lookup.ok) {
+    await schedulePoll(context.pool, dependency.id, pollDelayMs(dependency.polls));
+    return 'unreachable';
+  }
+  let answer: 'canceled' | 'already_ended' | 'not_found';
+  try {
+    await lookup.remote.client.cancelTask(CancelTaskRequest.fromJSON({ id: remoteTaskId }));
+    answer = 'canceled';
+  } catch (error) {
+    if (error instanceof TaskNotCancelableError) answer = 'already_ended';
+    else if (error instanceof TaskNotFoundError) answer = 'not_found';
+    else {
+      context.logger.warn({ err: error, dependencyId: dependency.id }, 'CancelTask on the remote failed; trying again at the next poll');
+      await schedulePoll(context.pool, dependency.id, pollDelayMs(dependency.polls));
+      return 'unreachable';
+    }
+  }
+  const ended = await resolveDependency(
+    context.pool,
+    context.sealer,
+    dependency.id,
+    'FAILED',
+    'parent_cancelled',
+    JSON.stringify({ state: 'canceled', message: 'the run that started this task was cancelled' }),
+  );
+  await markCallbacksProcessed(context.pool, dependency.id);
+  if (!ended) return 'already_done';
+  await recordEndedRunEvent(context.pool, dependency.run_id, 'remote_task_cancelled', {
+    remoteAgent: dependency.remote_agent,
+    remoteTaskId,
+    dependencyId: dependency.id,
+    answer,
+  });
+  return 'cancelled';
 }
 
 /** At most this many distinct candidate task ids are asked about per reconcile; the rest wait for the next. */

@@ -9,10 +9,17 @@ export type LeaseLoss = 'lease_lost' | 'cancelled';
  * Keeps a claimed run's lease alive: a heartbeat while the run is in flight (a long provider call
  * included) and a renewal at every step boundary. When a renewal updates no row the lease is lost
  * (or the run was cancelled): the keeper aborts the in-flight step and the executor stops without
- * settling.
+ * settling. A cancel's NOTIFY makes the executor renew at once (decision 0066), so a cancel is
+ * noticed within moments, not at the next heartbeat.
  */
 export class LeaseKeeper {
   readonly abort = new AbortController();
+  /**
+   * Aborted only when the run was cancelled (never for a lost lease or a shutdown's release): a
+   * step still running then is no longer waited for, and its late result is discarded
+   * (decision 0066). A released run still waits for its step, so it is not run twice at once.
+   */
+  readonly cancelled = new AbortController();
   private lost: LeaseLoss | null = null;
   private lastRenewal = Date.now();
   private timer: NodeJS.Timeout | null = null;
@@ -50,11 +57,15 @@ export class LeaseKeeper {
   release(): void {
     if (this.lost) return;
     this.lost = 'lease_lost';
+    this.lostAt = Date.now();
     this.released = true;
     this.abort.abort();
   }
 
   released = false;
+
+  /** When the loss was noticed (ms since the epoch), or 0. */
+  lostAt = 0;
 
   /** A step boundary: renews unless a renewal (or the claim) just happened. */
   async checkpoint(): Promise<LeaseLoss | null> {
@@ -79,9 +90,12 @@ export class LeaseKeeper {
     const status = await this.pool
       .maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${this.runId}`)
       .catch(() => null);
+    if (this.lost) return this.lost;
     this.lost = status === 'cancelled' ? 'cancelled' : 'lease_lost';
     this.logger.info({ runId: this.runId, why: this.lost }, 'run no longer owned by this worker; stopping without settling');
+    this.lostAt = Date.now();
     this.abort.abort();
+    if (this.lost === 'cancelled') this.cancelled.abort();
     return this.lost;
   }
 }

@@ -8,6 +8,7 @@ import type { AuditTrail } from './audit-trail.js';
 import type { LeaseKeeper } from './lease-keeper.js';
 import { deleteRunOutputs, scrubRunOutputs } from './run-output-repository.js';
 import { lockHeldRun, switchRunProvider, type Db } from './run-repository.js';
+import { started as startedStep, unlessCancelled, type DiscardLate, type LateOutcome, type Raced } from './unless-cancelled.js';
 
 // An agent's provider chain as one model call of a run sees it: which provider is asked, how often
 // a failure is retried, when the next provider takes over, and what a fallback's privacy ceilings
@@ -94,9 +95,13 @@ export type ChainRun = {
   tools: readonly ToolSpec[];
   policy: RetryPolicy;
   audit: AuditTrail;
-  lease: Pick<LeaseKeeper, 'loss' | 'abort'>;
+  lease: Pick<LeaseKeeper, 'loss' | 'abort' | 'cancelled'>;
   /** Applies link `index`'s ceilings to the run before its first attempt (see `applyLinkCeilings`). */
   switchTo: (index: number) => Promise<ProviderSwitch>;
+  /** Takes a provider's answer that came after the run was cancelled: discarded, never applied. */
+  discard?: DiscardLate;
+  /** Told which provider the run is waiting for (null once it answered), for a cancel's timeline event. */
+  calling?: (provider: string | null) => void;
 };
 
 /** One model call's input: where in the chain the loop stands, and the turn so far. */
@@ -133,14 +138,36 @@ export function providerChainOf(run: ChainRun, appliedIndex: number): ProviderCh
     for (let attempt = 1; attempt <= policy.providerAttempts; attempt += 1) {
       if (lease.loss) return { kind: 'stop', why: lease.loss };
       const started = Date.now();
-      const outcome = await link.provider.call({
-        runId: run.runId,
-        iteration: request.iteration,
-        transcript: request.transcript,
-        tools: run.tools,
-        signal: lease.abort.signal,
-        ...(request.requestMetadata ? { requestMetadata: request.requestMetadata } : {}),
-      });
+      // The provider gets the run's signal (openai's request is aborted with it); a cancel stops
+      // the wait at once even for one that ignores it, and its late answer is discarded.
+      const calling = startedStep(() =>
+        link.provider.call({
+          runId: run.runId,
+          iteration: request.iteration,
+          transcript: request.transcript,
+          tools: run.tools,
+          signal: lease.abort.signal,
+          ...(request.requestMetadata ? { requestMetadata: request.requestMetadata } : {}),
+        }),
+      );
+      run.calling?.(link.provider.name);
+      let raced: Raced<Awaited<typeof calling>>;
+      try {
+        raced = await unlessCancelled(calling, lease.cancelled.signal);
+      } finally {
+        run.calling?.(null);
+      }
+      if (!raced.done) {
+        run.discard?.(
+          calling.then(
+            (late): LateOutcome => ({ outcome: late.ok ? 'reply' : late.failure.class }),
+            (): LateOutcome => ({ outcome: 'error' }),
+          ),
+          { step: 'model', provider: link.provider.name, iteration: request.iteration, attempt },
+        );
+        return { kind: 'stop', why: 'cancelled' };
+      }
+      const outcome = raced.value;
       if (lease.loss) return { kind: 'stop', why: lease.loss };
       if (outcome.ok) {
         const { reply } = outcome;

@@ -19,6 +19,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import { FIRST_CLAIM_REVISION, INSERTED_REVISION, runRow, type RunRow } from './run-row.js';
 import { newRowId } from '../db/row-id.js';
 import { rowShape, type ShapedRow } from '../db/row-shape.js';
+import { appendRunEvent } from './run-event-repository.js';
 
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
@@ -477,10 +478,37 @@ export async function settleRun(db: Db, logger: KeelLogger, runId: string, input
   return { settled: false, current: (current as RunStatus | null) ?? null };
 }
 
-/** Any non-terminal run → CANCELLED (A2A CancelTask and `keel runs cancel`). */
-export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Promise<SettleResult> {
-  return settleRun(db, logger, runId, { status: 'cancelled', reason: 'cancelled' });
+/**
+ * The NOTIFY a cancel sends with its commit, the run's id as payload: the process driving the run
+ * hears it on its LISTEN connection and stops the run's work at once, instead of at its next lease
+ * renewal (docs/decisions/0066-cancellation-reaches-the-work.md).
+ */
+export const RUN_CANCEL_CHANNEL = 'keel_run_cancel';
+
+/**
+ * Any non-terminal run → CANCELLED (A2A CancelTask and `keel runs cancel`), in one transaction with
+ * the NOTIFY that reaches the process driving it. A run no worker holds (queued, or in a wait:
+ * input, approval, timer, dependency) ends here, and its timeline records the cancel and the wait
+ * it ended; a running run's own worker records where the cancel found it.
+ */
+export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Promise<CancelResult> {
+  return db.transaction(async (transaction) => {
+    const prior = await transaction.maybeOne(sql.type(z.object({ status: z.string(), audit_level: z.string() }))`
+      SELECT status, audit_level FROM runs WHERE id = ${runId} FOR UPDATE`);
+    const settled = await settleRun(transaction, logger, runId, { status: 'cancelled', reason: 'cancelled' });
+    if (!settled.settled || !prior) return settled;
+    const cancelled = { ...settled, from: prior.status as RunStatus };
+    await transaction.query(sql.unsafe`SELECT pg_notify(${RUN_CANCEL_CHANNEL}, ${runId})`);
+    if (prior.status !== 'running' && prior.audit_level !== 'none') {
+      // Meta only (no content): the same at every audit level but none.
+      await appendRunEvent(transaction, runId, 'cancelled', { from: prior.status });
+    }
+    return cancelled;
+  });
 }
+
+/** A cancel's outcome; when it settled, the status it ended (`running`: a worker held the run). */
+export type CancelResult = SettleResult | (Extract<SettleResult, { settled: true }> & { from: RunStatus });
 
 /** RUNNING with an expired lease → QUEUED after `delayMs` (the reaper). */
 export async function requeueRun(db: Db, runId: string, delayMs: number): Promise<RunRow | null> {

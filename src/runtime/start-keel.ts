@@ -30,6 +30,7 @@ import { hostPort } from '../a2a/agent-card.js';
 import { GrpcServer } from '../a2a/grpc-binding.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
+import { RUN_CANCEL_CHANNEL } from '../runs/run-repository.js';
 import { ProjectionScheduler } from '../tasks/task-projector.js';
 import { TaskCreations } from '../writes/task-creation.js';
 import { CompletionBatch } from '../writes/completion-batch.js';
@@ -236,6 +237,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
           onWritten: (waitedMs, writeMs) => hotPath.batchWritten('completion', waitedMs, writeMs),
         }, taskWrites ?? undefined),
         onRunStarted: (path) => hotPath.runStarted(path),
+        // A cancel reaches the run's work in whichever process drives it (decision 0066).
+        cancelNotices: (onCancel) => listener.listenTo(RUN_CANCEL_CHANNEL, onCancel),
         onQueueShare: (slots) => {
           if (runsWorker) runsWorker.concurrency = slots;
         },

@@ -61,6 +61,8 @@ export type StatechartHost = {
   commit: (input: CommitInput) => Promise<boolean>;
   /** Whether the run may go on before the next step (lease, cancellation). */
   checkpoint: () => Promise<{ alive: true } | { alive: false; why: 'lease_lost' | 'cancelled' }>;
+  /** Aborted when the run is cancelled: a wait for a step or an in-process timer ends at once. */
+  cancelled?: AbortSignal;
 };
 
 export type StatechartResult =
@@ -336,13 +338,27 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
       }
 
       // The next thing to happen: a step's outcome or a timer running out.
-      const racers: Promise<Settled | { timer: DurableTimer }>[] = [...inFlight.values()].map((entry) => entry.settled);
+      const racers: Promise<Settled | { timer: DurableTimer } | { cancelled: true }>[] = [...inFlight.values()].map((entry) => entry.settled);
       let clock: NodeJS.Timeout | undefined;
       if (earliest) {
         racers.push(new Promise((resolve) => (clock = setTimeout(() => resolve({ timer: earliest }), Math.min(Math.max(0, earliest.dueAt - Date.now()), 2 ** 31 - 1)))));
       }
+      const cancelled = host.cancelled;
+      let stopListening = () => undefined as void;
+      if (cancelled) {
+        racers.push(
+          new Promise((resolve) => {
+            const onCancel = () => resolve({ cancelled: true });
+            if (cancelled.aborted) return onCancel();
+            cancelled.addEventListener('abort', onCancel, { once: true });
+            stopListening = () => cancelled.removeEventListener('abort', onCancel);
+          }),
+        );
+      }
       const next = await Promise.race(racers);
       if (clock) clearTimeout(clock);
+      stopListening();
+      if ('cancelled' in next) return { kind: 'stop', why: 'cancelled' };
 
       let event: { type: string };
       if ('timer' in next) {

@@ -45,6 +45,8 @@ export class JournalListener {
   private readonly localCommits = new Map<string, Set<Promise<void>>>();
   private closed = false;
   private reconnectTimer: NodeJS.Timeout | null = null;
+  /** Other channels heard on the same connection (a run's cancel, decision 0066), with their handlers. */
+  private readonly channels = new Map<string, Set<(payload: string | null) => void>>();
 
   constructor(
     private readonly databaseUrl: string,
@@ -54,6 +56,11 @@ export class JournalListener {
   async start(): Promise<void> {
     const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'keel-journal-listener' });
     client.on('notification', (message) => {
+      const handlers = message.channel === JOURNAL_CHANNEL ? undefined : this.channels.get(message.channel);
+      if (handlers) {
+        for (const handler of [...handlers]) handler(message.payload ?? null);
+        return;
+      }
       const notice = message.payload ? parseJournalNotice(message.payload) : null;
       if (notice) this.wake(notice);
     });
@@ -64,7 +71,25 @@ export class JournalListener {
     client.on('end', () => this.scheduleReconnect());
     await client.connect();
     await client.query(`LISTEN ${JOURNAL_CHANNEL}`);
+    for (const channel of this.channels.keys()) await client.query(`LISTEN ${channel}`);
     this.client = client;
+  }
+
+  /**
+   * Hears `channel` on this process's one LISTEN connection too: `onPayload` gets each NOTIFY's
+   * payload, and null after a reconnect (notices sent meanwhile were missed). Until the returned
+   * function is called. `channel` is a fixed identifier of the code, never input.
+   */
+  listenTo(channel: string, onPayload: (payload: string | null) => void): () => void {
+    let handlers = this.channels.get(channel);
+    if (!handlers) {
+      handlers = new Set();
+      this.channels.set(channel, handlers);
+      this.client?.query(`LISTEN ${channel}`).catch((error: Error) => this.logger.warn({ err: error, channel }, 'LISTEN failed; the channel is heard again after the next reconnect'));
+    }
+    handlers.add(onPayload);
+    const set = handlers;
+    return () => void set.delete(onPayload);
   }
 
   private scheduleReconnect(): void {
@@ -73,7 +98,10 @@ export class JournalListener {
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = null;
       this.start().then(
-        () => this.wakeAll(),
+        () => {
+          this.wakeAll();
+          this.channelsMissed();
+        },
         (error: Error) => {
           this.logger.warn({ err: error }, 'journal listener could not reconnect; retrying');
           this.scheduleReconnect();
@@ -130,6 +158,11 @@ export class JournalListener {
   /** Wakes everyone without a notice: they must reread the journal (notices may have been missed). */
   private wakeAll(): void {
     for (const set of this.waiters.values()) for (const waiter of [...set]) waiter(null);
+  }
+
+  /** After a reconnect: every other channel's handlers hear that notices may have been missed. */
+  private channelsMissed(): void {
+    for (const handlers of this.channels.values()) for (const handler of [...handlers]) handler(null);
   }
 
   /**

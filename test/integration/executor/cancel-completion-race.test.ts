@@ -3,6 +3,7 @@ import { TaskNotCancelableError } from '@a2a-js/sdk/errors';
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { listRunEvents } from '../../../src/runs/run-event-repository.js';
 import { getRun } from '../../../src/runs/run-repository.js';
 import { readJournal } from '../../../src/tasks/journal.js';
 import { newClientToken } from '../push/push-support.js';
@@ -117,6 +118,7 @@ describe(`CancelTask racing a completion`, () => {
       );
     }
 
+    let discardedEnds = 0;
     for (const outcome of outcomes) {
       const run = await waitForRunStatus(keel.context.pool, outcome.id, TERMINAL);
       const shown = Task.toJSON(await client.getTask(GetTaskRequest.fromJSON({ id: outcome.id }))) as WireTask;
@@ -140,6 +142,13 @@ describe(`CancelTask racing a completion`, () => {
         expect(stored, what).toMatchObject({ state: 'TASK_STATE_CANCELED', artifacts: null, status_message: null, outputs: 0 });
         expect(journalStates, what).toEqual(['TASK_STATE_CANCELED']);
         expect(journal.filter((event) => event.kind === 'artifact'), what).toEqual([]);
+        // The timeline never says it completed; an end refused because the cancel won is recorded as discarded.
+        const timeline = await waitFor(async () => {
+          const events = await listRunEvents(keel.context.pool, outcome.id);
+          return events.some((event) => event.kind === 'cancelled') ? events : null;
+        }, `the cancel in the timeline of ${outcome.id}`);
+        expect(timeline.map((event) => event.kind), what).not.toContain('completed');
+        discardedEnds += timeline.filter((event) => event.kind === 'late_result_discarded' && (event.payload as { step?: string }).step === 'end').length;
       } else {
         // The completion won: the cancel was refused, and the result is there.
         expect(run, what).toMatchObject({ status: 'completed', termination_reason: 'completed' });
@@ -152,6 +161,7 @@ describe(`CancelTask racing a completion`, () => {
       }
       expect((await getRun(keel.context.pool, outcome.id))!.revision, what).toBe(run.revision);
     }
+    if (process.env.KEEL_PRINT_CANCEL_FIGURES) console.log(`[cancel] ends refused because the cancel won, recorded as discarded: ${discardedEnds}`);
     // The spread reaches both sides of the race.
     const sides = outcomes.map((outcome) => (outcome.cancel === 'canceled' ? 'C' : 'n')).join('');
     expect(sides, 'C: the cancel won, n: the completion won').toMatch(/C/);

@@ -46,7 +46,7 @@ function chainOver(links: ChainLink[], switchTo: (index: number) => ProviderSwit
       tools: [],
       policy: retry,
       audit: new AuditTrail('run-1', 'full', 0, silentLogger()),
-      lease: { loss: null, abort: new AbortController() },
+      lease: { loss: null, abort: new AbortController(), cancelled: new AbortController() },
       switchTo: async (index) => (switches.push(index), switchTo(index)),
     },
     0,

@@ -169,4 +169,31 @@ describe('runStatechart', () => {
     const checked = checkStatechart(effectful, 'test');
     expect(checked.ok === false && checked.problems.join('\n')).toMatch(/a custom action .*put effects in a step/);
   });
+
+  it('a cancel ends the wait for a step or for an in-process timer at once (decision 0066)', async () => {
+    const waiting = setup({ actors: { work } }).createMachine({
+      id: 'waiting',
+      initial: 'working',
+      states: {
+        working: { invoke: { src: 'work', input: { n: 1 }, onDone: 'pausing' } },
+        pausing: { after: { [INLINE_TIMER_MS - 500]: 'done' } },
+        done: { type: 'final' },
+      },
+    });
+    // A step that never answers: the cancel, not the step, ends the run's wait.
+    const cancelled = new AbortController();
+    const stuck = { ...memoryHost(() => new Promise<StepOutcome>(() => undefined)), cancelled: cancelled.signal };
+    const run = runStatechart(definitionOf(waiting), { record: null, input: {}, answer: null }, stuck);
+    setTimeout(() => cancelled.abort(), 20);
+    await expect(run).resolves.toEqual({ kind: 'stop', why: 'cancelled' });
+    // An in-process timer: stopped before it is due.
+    const timerCancel = new AbortController();
+    const timed = { ...memoryHost(), cancelled: timerCancel.signal };
+    const startedAt = Date.now();
+    const sleeping = runStatechart(definitionOf(waiting), { record: null, input: {}, answer: null }, timed);
+    setTimeout(() => timerCancel.abort(), 200);
+    await expect(sleeping).resolves.toEqual({ kind: 'stop', why: 'cancelled' });
+    expect(Date.now() - startedAt).toBeLessThan(INLINE_TIMER_MS - 500);
+    expect(timed.commits.map((commit) => commit.value)).toEqual(['working', 'pausing']);
+  });
 });
