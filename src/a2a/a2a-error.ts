@@ -44,6 +44,8 @@ export const A2AErrors = {
   versionNotSupported: make(-32009, 'VERSION_NOT_SUPPORTED', 400, 'FAILED_PRECONDITION'),
   unauthenticated: make(-32600, 'UNAUTHENTICATED', 401, 'UNAUTHENTICATED'),
   payloadTooLarge: make(-32600, 'PAYLOAD_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
+  /** A message key (messageId or Idempotency-Key) sent again with another request: invalid params, 422 over HTTP+JSON (decision 0064). */
+  messageKeyReused: make(-32602, 'MESSAGE_KEY_REUSED', 422, 'INVALID_ARGUMENT'),
 } as const;
 
 export const taskNotFound = (id: string) => A2AErrors.taskNotFound(`task ${id} not found`, { metadata: { taskId: id } });

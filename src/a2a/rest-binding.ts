@@ -3,7 +3,7 @@ import type { KeelLogger } from '../log/logger.js';
 import { createPushConfigParamsSchema, getPushConfigParamsSchema, getTaskParamsSchema, listPushConfigsParamsSchema, listTasksParamsSchema, sendMessageParamsSchema } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, restError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller } from './a2a-service.js';
-import { A2A_JSON, challengeIfUnauthenticated, JSON_TYPES, mediaType, parseParams, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
+import { A2A_JSON, challengeIfUnauthenticated, idempotencyKeyOf, JSON_TYPES, mediaType, parseParams, RESPONSE_JSON, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -95,7 +95,7 @@ export async function handleSendMessage(call: RestCall) {
   if (call.method !== 'POST') return wrongMethod(call, '; use POST');
   const input = sendMessageInput(call);
   if (!input.ok) return restFail(call.reply, input.error);
-  return restAnswer(call.reply, await call.service.sendMessage(call.caller, input.value));
+  return restAnswer(call.reply, await call.service.sendMessage(call.caller, input.value, idempotencyKeyOf(call.request)));
 }
 
 export async function handleSendStreamingMessage(call: RestCall) {
@@ -103,7 +103,7 @@ export async function handleSendStreamingMessage(call: RestCall) {
   const { service, caller } = call;
   const input = sendMessageInput(call);
   if (!input.ok) return restFail(call.reply, input.error);
-  const accepted = await service.acceptMessage(caller, input.value);
+  const accepted = await service.acceptMessage(caller, input.value, undefined, idempotencyKeyOf(call.request));
   if (!accepted.ok) return restFail(call.reply, accepted.error);
   const continuing = input.value.message.taskId !== undefined;
   return streamToSse(
