@@ -207,22 +207,24 @@ describe('what a repeat returns', () => {
     expect(await rowsOfKey(messageId)).toEqual({ tasks: 1, runs: 1 });
   });
 
+  const restStream = async (params: Json) => {
+    const response = await fetch(`${keel.url}/a2a/${AGENT}/message:stream`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/a2a+json', 'a2a-version': '1.0' },
+      body: JSON.stringify(params),
+    });
+    expect(response.status).toBe(200);
+    return readSse(response);
+  };
+  const shape = (events: SseEvent[]) =>
+    events.map((event) => {
+      const data = event.data as Json;
+      return { id: event.id, kind: Object.keys(data)[0], state: data.task?.status.state ?? data.statusUpdate?.status.state ?? null, artifact: data.artifactUpdate?.artifact.parts ?? null };
+    });
+
   it('a streaming repeat gets the stream from the beginning, event for event', async () => {
     const messageId = unique('tck-stream-003');
-    const stream = async () => {
-      const response = await fetch(`${keel.url}/a2a/${AGENT}/message:stream`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/a2a+json', 'a2a-version': '1.0' },
-        body: JSON.stringify(messageParams(messageId, 'stream me')),
-      });
-      expect(response.status).toBe(200);
-      return readSse(response);
-    };
-    const shape = (events: SseEvent[]) =>
-      events.map((event) => {
-        const data = event.data as Json;
-        return { id: event.id, kind: Object.keys(data)[0], state: data.task?.status.state ?? data.statusUpdate?.status.state ?? null, artifact: data.artifactUpdate?.artifact.parts ?? null };
-      });
+    const stream = () => restStream(messageParams(messageId, 'stream me'));
     const first = await stream();
     const repeat = await stream();
     expect(shape(first).at(-1)?.state).toBe('TASK_STATE_COMPLETED');
@@ -237,6 +239,17 @@ describe('what a repeat returns', () => {
     });
     const events = await readSse(rpc);
     expect((events[0]!.data as Json).result.task.id).toBe((first[0]!.data as Json).task.id);
+  });
+
+  it("a streaming follow-up's repeat gets the follow-up's stream from where it began", async () => {
+    const created = await send('JSONRPC', messageParams(unique('tck-input-required'), 'start'));
+    expect(created.state).toBe('TASK_STATE_INPUT_REQUIRED');
+    const followUp = messageParams(unique('tck-stream-003'), 'go on', { taskId: created.taskId! });
+    const first = await restStream(followUp);
+    const repeat = await restStream(followUp);
+    expect(shape(first).at(-1)?.state).toBe('TASK_STATE_COMPLETED');
+    expect(shape(first)[0]!.state, 'it begins after the input request').not.toBe('TASK_STATE_INPUT_REQUIRED');
+    expect(shape(repeat)).toEqual(shape(first));
   });
 
   it('the official client (@a2a-js/sdk) gets the same task for a repeat and a typed invalid-params error for another body', async () => {
