@@ -366,7 +366,7 @@ export class A2AService {
       if (accepted.ok) return ok({ taskId: accepted.task.taskId, afterSequence: accepted.task.afterSequence, repeat: false });
       const repeated = await this.repeatOf(caller, keyed.value, beforeWork);
       if (repeated) return repeated;
-      if (attempt === 1) return fail(A2AErrors.internal(`message id ${keyed.value.key} could be neither recorded nor found; send it again`));
+      if (attempt === 1) return fail(A2AErrors.internal(`${keyed.value.fromHeader ? 'Idempotency-Key' : 'message id'} ${keyed.value.key} could be neither recorded nor found; send it again`));
     }
   }
 
