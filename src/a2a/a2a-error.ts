@@ -50,6 +50,8 @@ export const A2AErrors = {
   clientLimitExceeded: make(-32029, 'CLIENT_LIMIT_EXCEEDED', 429, 'RESOURCE_EXHAUSTED'),
   /** A message over a2a.maxMessageBytes (the params are readable, one of them too large). */
   messageTooLarge: make(-32602, 'MESSAGE_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
+  /** A message key (messageId or Idempotency-Key) sent again with another request: invalid params, 422 over HTTP+JSON (decision 0064). */
+  messageKeyReused: make(-32602, 'MESSAGE_KEY_REUSED', 422, 'INVALID_ARGUMENT'),
 } as const;
 
 export const taskNotFound = (id: string) => A2AErrors.taskNotFound(`task ${id} not found`, { metadata: { taskId: id } });

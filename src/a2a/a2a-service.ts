@@ -51,6 +51,8 @@ import {
 } from '../protocol/wire.js';
 import { isUuid } from '../db/uuid.js';
 import { newRowId } from '../db/row-id.js';
+import { findMessageKey, insertFollowUpKey, MAX_MESSAGE_KEY_LENGTH } from '../tasks/message-keys.js';
+import { compareFingerprint, messageFingerprint, type FingerprintInput } from './message-fingerprint.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:
@@ -88,6 +90,18 @@ export type A2AServiceDeps = {
 };
 
 export type SendResult = { task: Task } | { message: Message };
+
+/** What a binding read beside the params: the `Idempotency-Key` header (HTTP) or metadata entry (gRPC). */
+export type SendOptions = { idempotencyKey?: string | undefined };
+
+/** A message accepted: its task, where to wait or stream from, and whether it repeated an earlier one (nothing new written or run). */
+export type AcceptedMessage = { taskId: string; afterSequence: number; repeat: boolean };
+
+/**
+ * The key that names a message for its owner (decision 0064), where the key came from (for the
+ * error that names it), and the request's fingerprint.
+ */
+type MessageKey = { key: string; fromHeader: boolean; input: FingerprintInput; fingerprint: Buffer };
 
 /**
  * One event of a stream: its journal sequence (the SSE id) and the StreamResponse; a snapshot
@@ -199,20 +213,24 @@ export class A2AService {
     return row && row.agent === caller.agent.config.id ? ok(row) : fail(taskNotFound(taskId));
   }
 
-  async sendMessage(caller: Caller, params: SendMessageParams): Promise<Result<SendResult>> {
+  async sendMessage(caller: Caller, params: SendMessageParams, options: SendOptions = {}): Promise<Result<SendResult>> {
     const blocking = !params.configuration?.returnImmediately;
     let wait: JournalWait | null = null;
     try {
       // The wait subscribes before the work is enqueued, so no notice can be missed.
-      const started = await this.acceptMessage(caller, params, blocking ? (taskId) => (wait = new JournalWait(this.deps.listener, taskId)) : undefined);
+      const started = await this.acceptMessage(caller, params, blocking ? (taskId) => (wait = new JournalWait(this.deps.listener, taskId)) : undefined, options);
       if (!started.ok) return started;
-      const { taskId, afterSequence } = started.value;
+      const { taskId, afterSequence, repeat } = started.value;
       if (wait) {
         const waited = wait as JournalWait;
         const deadline = Date.now() + this.blockingCapMs;
+        // A repeat waits as its original does, for the same end, wherever its run is: the task is
+        // marked watched so a fast run's end elsewhere is NOTIFYd (decision 0047), then the journal
+        // is read first (the end may be committed already).
+        if (repeat) await markTaskWatched(this.deps.pool, caller.clientId, taskId);
         // An end this process committed is answered with the task as its transaction wrote it,
         // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
-        if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, false, this.deps.shutdown)) {
+        if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, repeat, this.deps.shutdown)) {
           const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
           if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(committed, params.configuration?.historyLength)));
         }
@@ -250,15 +268,76 @@ export class A2AService {
   }
 
   /**
+   * The message's key and fingerprint: the Idempotency-Key when the client sent one, else the
+   * messageId (decision 0064). The fingerprint covers what a repeat must repeat, not how its answer
+   * is awaited (blocking, history length).
+   */
+  private messageKey(caller: Caller, params: SendMessageParams, options: SendOptions): Result<MessageKey> {
+    const header = options.idempotencyKey;
+    if (header !== undefined && (header.trim() === '' || header.length > MAX_MESSAGE_KEY_LENGTH)) {
+      return fail(
+        A2AErrors.invalidParams(`the Idempotency-Key must be 1 to ${MAX_MESSAGE_KEY_LENGTH} characters, not blank`, {
+          fieldViolations: [{ field: 'Idempotency-Key', description: `1 to ${MAX_MESSAGE_KEY_LENGTH} characters, not blank` }],
+        }),
+      );
+    }
+    const { message } = params;
+    const input: FingerprintInput = {
+      agent: caller.agent.config.id,
+      message: {
+        role: message.role,
+        parts: message.parts,
+        contextId: message.contextId,
+        taskId: message.taskId,
+        referenceTaskIds: message.referenceTaskIds,
+        extensions: message.extensions,
+        metadata: message.metadata,
+      },
+      metadata: params.metadata,
+      pushConfig: params.configuration?.taskPushNotificationConfig,
+    };
+    return ok({ key: header ?? message.messageId, fromHeader: header !== undefined, input, fingerprint: messageFingerprint(this.deps.sealer.ring, input) });
+  }
+
+  /**
+   * The message the key named before, when this one repeats it: the same task and the place its
+   * answer was awaited from; refused when the key came with another request. Null when the key
+   * names nothing (its task was purged meanwhile).
+   */
+  private async repeatOf(caller: Caller, keyed: MessageKey, beforeWork?: (taskId: string) => void): Promise<Result<AcceptedMessage> | null> {
+    const earlier = await findMessageKey(this.deps.pool, caller.clientId, keyed.key);
+    if (!earlier) return null;
+    const compared = compareFingerprint(this.deps.sealer.ring, earlier.fingerprint, keyed.input);
+    if (compared === 'different') {
+      const name = keyed.fromHeader ? `Idempotency-Key ${keyed.key}` : `message id ${keyed.key}`;
+      return fail(
+        A2AErrors.messageKeyReused(`${name} was already sent by this client with a different request (task ${earlier.taskId}); a repeat must be the same request, a new message needs a new ${keyed.fromHeader ? 'key' : 'messageId'}`, {
+          fieldViolations: [{ field: keyed.fromHeader ? 'Idempotency-Key' : 'message.messageId', description: 'already used with a different request' }],
+          metadata: { [keyed.fromHeader ? 'idempotencyKey' : 'messageId']: keyed.key, taskId: earlier.taskId },
+        }),
+      );
+    }
+    if (compared === 'unknown') {
+      // Made under a master key no longer in the ring (decision 0065): taken as the same request.
+      this.deps.logger.info({ taskId: earlier.taskId }, 'a repeated message key was answered with its task; its fingerprint was made under a master key no longer loaded');
+    }
+    beforeWork?.(earlier.taskId);
+    return ok({ taskId: earlier.taskId, afterSequence: earlier.afterSequence, repeat: true });
+  }
+
+  /**
    * Validates and records the message: a new task (QUEUED run, task row, history, optional push
    * config, all in one transaction; the run's job after the commit), or input to a task that is
-   * waiting for it. Returns the task and the journal position to wait from.
+   * waiting for it. Returns the task and the journal position to wait from. A message whose key
+   * (messageId or Idempotency-Key) its client sent before is a repeat: it returns the earlier
+   * message's task and writes and runs nothing (decision 0064).
    */
   async acceptMessage(
     caller: Caller,
     params: SendMessageParams,
     beforeWork?: (taskId: string) => void,
-  ): Promise<Result<{ taskId: string; afterSequence: number }>> {
+    options: SendOptions = {},
+  ): Promise<Result<AcceptedMessage>> {
     const { message } = params;
     const tooLarge = this.oversizedMessage(message);
     if (tooLarge) return fail(tooLarge);
@@ -278,7 +357,9 @@ export class A2AService {
       const refused = await this.checkPushTarget(pushInput, 'configuration.taskPushNotificationConfig');
       if (refused) return fail(refused);
     }
-    if (message.taskId !== undefined) return this.continueTask(caller, message, pushInput, beforeWork);
+    const keyed = this.messageKey(caller, params, options);
+    if (!keyed.ok) return keyed;
+    if (message.taskId !== undefined) return this.continueTask(caller, message, pushInput, keyed.value, beforeWork);
 
     const primary = caller.agent.chain[0]!;
     if (!answerIsRetainable(primary.ceilings.answerLevel)) {
@@ -300,6 +381,8 @@ export class A2AService {
       answerLevel: primary.ceilings.answerLevel,
       history: [stored],
       metadata: params.metadata ?? {},
+      messageKey: keyed.value.key,
+      messageFingerprint: keyed.value.fingerprint,
     };
     const sealedHistory = sealTaskHistory(this.deps.sealer, task);
     const request = (earlier: TranscriptMessage[]): RunRequest => ({
@@ -311,36 +394,46 @@ export class A2AService {
         ...(caller.agent.statechart ? { taskId, parts: message.parts.map(referencedPart) } : {}),
       },
     });
-    // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts);
-    // whether the client may start one more, its concurrentRuns limit's.
-    const accept = () => this.deps.intake.accept(
-      {
-        // The added field first, the spread last: `{ ...task, sealedHistory }` would make a hidden
-        // class per task (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
-        task: { sealedHistory, ...task },
-        run: {
-          id: taskId,
-          agent: caller.agent.config.id,
-          auditLevel: primary.ceilings.auditLevel,
-          answerLevel: primary.ceilings.answerLevel,
-          provider: primary.provider.name,
-          taskId,
-        },
-        request,
-        inExistingContext: message.contextId !== undefined,
-        pushConfig: pushInput,
+    const intake = {
+      // The added field first, the spread last: `{ ...task, sealedHistory }` would make a hidden
+      // class per task (docs/decisions/0050-no-leading-spread-on-the-hot-path.md).
+      task: { sealedHistory, ...task },
+      run: {
+        id: taskId,
+        agent: caller.agent.config.id,
+        auditLevel: primary.ceilings.auditLevel,
+        answerLevel: primary.ceilings.answerLevel,
+        provider: primary.provider.name,
+        taskId,
       },
-      beforeWork,
-    );
-    return this.deps.limits ? this.deps.limits.startRun(caller.clientId, accept) : ok(await accept());
+      request,
+      inExistingContext: message.contextId !== undefined,
+      pushConfig: pushInput,
+    };
+    // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts);
+    // whether the client may start one more, its concurrentRuns limit's (a repeat, which starts
+    // nothing, counts there until the counts are read again, within a second).
+    // The task row's INSERT decides whether the key is new; a repeat finds the task it names. A key
+    // whose task was purged between the two is tried once more as new.
+    for (let attempt = 0; ; attempt += 1) {
+      const admitted = this.deps.limits ? await this.deps.limits.startRun(caller.clientId, () => this.deps.intake.accept(intake, beforeWork)) : ok(await this.deps.intake.accept(intake, beforeWork));
+      if (!admitted.ok) return admitted;
+      const accepted = admitted.value;
+      // Built field by field, not spread: the hot path (decision 0050).
+      if (accepted.ok) return ok({ taskId: accepted.task.taskId, afterSequence: accepted.task.afterSequence, repeat: false });
+      const repeated = await this.repeatOf(caller, keyed.value, beforeWork);
+      if (repeated) return repeated;
+      if (attempt === 1) return fail(A2AErrors.internal(`${keyed.value.fromHeader ? 'Idempotency-Key' : 'message id'} ${keyed.value.key} could be neither recorded nor found; send it again`));
+    }
   }
 
   private async continueTask(
     caller: Caller,
     message: WireMessage,
     pushInput: PushConfigInput | undefined,
+    keyed: MessageKey,
     beforeWork?: (taskId: string) => void,
-  ): Promise<Result<{ taskId: string; afterSequence: number }>> {
+  ): Promise<Result<AcceptedMessage>> {
     const taskId = message.taskId!;
     const owned = await this.ownedTask(caller, taskId);
     if (!owned.ok) return owned;
@@ -348,6 +441,10 @@ export class A2AService {
     if (message.contextId !== undefined && message.contextId !== row.context_id) {
       return fail(invalidParams([{ path: ['message', 'contextId'], message: `task ${taskId} belongs to another context` }]));
     }
+    // A repeated follow-up provides nothing again: it is answered with its task, whatever the
+    // task's state now. A concurrent repeat not committed yet is caught by the key's insert below.
+    const repeated = await this.repeatOf(caller, keyed, beforeWork);
+    if (repeated) return repeated;
     if (isTerminalState(row.state)) {
       return fail(A2AErrors.unsupportedOperation(`task ${taskId} is ${row.state} and takes no more messages; send a new message in its context instead`, { metadata: { taskId, state: row.state } }));
     }
@@ -364,13 +461,26 @@ export class A2AService {
     beforeWork?.(taskId);
     // The reply joins the history, the prompt is cleared and the push config is created in the
     // transaction that hands the run over: all before any worker can take the run, so nothing of
-    // the follow-up lands after (and over) what the worker then writes.
+    // the follow-up lands after (and over) what the worker then writes. The follow-up's key goes
+    // in first: a concurrent repeat's insert waits for this transaction, and one that finds the
+    // key declines its own hand-off (the input is provided once).
+    let keyUsed = false;
     const provided = await provideRunInput(this.deps, row.run_id, value, { messageId: message.messageId }, async (transaction, claimed) => {
+      const followUpKey = { owner: caller.clientId, key: keyed.key, taskId, fingerprint: keyed.fingerprint, afterSequence: row.last_sequence };
+      if (!(await insertFollowUpKey(transaction, followUpKey))) {
+        keyUsed = true;
+        return false;
+      }
       await recordClientReply(transaction, this.deps.sealer, taskId, claimed.answer_level, stored);
       if (!pushInput) return true;
       // An id taken since the check above (a concurrent CreateTaskPushNotificationConfig) declines the hand-off.
       return (await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId })).ok;
     });
+    if (!provided.ok && (keyUsed || provided.reason === 'not_waiting' || provided.reason === 'already_decided')) {
+      // Lost to a concurrent send of the same key: answered as its repeat (the wait on this task is subscribed already).
+      const repeat = await this.repeatOf(caller, keyed);
+      if (repeat) return repeat;
+    }
     if (!provided.ok) {
       switch (provided.reason) {
         case 'invalid_input':
@@ -387,7 +497,7 @@ export class A2AService {
       }
     }
     this.deps.projector.wake(row.run_id);
-    return ok({ taskId, afterSequence: row.last_sequence });
+    return ok({ taskId, afterSequence: row.last_sequence, repeat: false });
   }
 
   async getTask(caller: Caller, id: string, historyLength?: number): Promise<Result<Task>> {

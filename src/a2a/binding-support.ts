@@ -37,6 +37,9 @@ export function headerValue(request: FastifyRequest, name: string): string | und
   return Array.isArray(value) ? value[0] : value;
 }
 
+/** The `Idempotency-Key` header, the key a client may name its message by instead of the messageId (decision 0064). */
+export const idempotencyKeyOf = (request: FastifyRequest) => ({ idempotencyKey: headerValue(request, 'idempotency-key') });
+
 export const mediaType = (request: FastifyRequest) => (headerValue(request, 'content-type') ?? '').split(';')[0]!.trim().toLowerCase();
 
 /** A 401 carries the challenge that says how to authenticate, in either binding. */

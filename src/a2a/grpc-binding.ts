@@ -50,7 +50,7 @@ import {
 } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, ok, type A2AError, type Result } from './a2a-error.js';
 import { createServiceGate } from './a2a-routes.js';
-import type { A2AService, Caller, StreamItem } from './a2a-service.js';
+import type { A2AService, Caller, SendOptions, StreamItem } from './a2a-service.js';
 import { hostPort } from './agent-card.js';
 import { parseParams } from './binding-support.js';
 import { grpcErrorStatus } from './grpc-status.js';
@@ -109,16 +109,21 @@ function lastEventIdOf(metadata: Metadata): number | undefined {
   return value !== undefined && /^\d{1,9}$/.test(value) ? Number(value) : undefined;
 }
 
+/** The `idempotency-key` metadata entry, the key a client may name its message by instead of the messageId (decision 0064). */
+function idempotencyKeyOf(metadata: Metadata): SendOptions {
+  return { idempotencyKey: metadataTexts(metadata, 'idempotency-key')[0] };
+}
+
 export async function handleSendMessage(call: GrpcCall, params: unknown) {
   const input = parseParams(sendMessageParamsSchema, params);
-  return input.ok ? call.service.sendMessage(call.caller, input.value) : input;
+  return input.ok ? call.service.sendMessage(call.caller, input.value, idempotencyKeyOf(call.metadata)) : input;
 }
 
 export async function handleSendStreamingMessage(call: GrpcCall, params: unknown): Promise<Result<StreamOpener>> {
   const { service, caller } = call;
   const input = parseParams(sendMessageParamsSchema, params);
   if (!input.ok) return input;
-  const accepted = await service.acceptMessage(caller, input.value);
+  const accepted = await service.acceptMessage(caller, input.value, undefined, idempotencyKeyOf(call.metadata));
   if (!accepted.ok) return accepted;
   const { taskId, afterSequence } = accepted.value;
   const continuing = input.value.message.taskId !== undefined;

@@ -14,7 +14,7 @@ import {
 } from '../protocol/wire.js';
 import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
-import { challengeIfUnauthenticated, holdingStreamSlot, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
+import { challengeIfUnauthenticated, holdingStreamSlot, idempotencyKeyOf, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
 import { lastEventId } from './sse.js';
 
 // The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
@@ -72,14 +72,14 @@ function envelopeId(body: unknown): RpcId {
 
 export async function handleSendMessage(call: JsonRpcCall) {
   const input = parseParams(sendMessageParamsSchema, call.params);
-  return input.ok ? answer(call, await call.service.sendMessage(call.caller, input.value)) : answer(call, input);
+  return input.ok ? answer(call, await call.service.sendMessage(call.caller, input.value, idempotencyKeyOf(call.request))) : answer(call, input);
 }
 
 export async function handleSendStreamingMessage(call: JsonRpcCall) {
   const { service, caller } = call;
   const input = parseParams(sendMessageParamsSchema, call.params);
   if (!input.ok) return answer(call, input);
-  const accepted = await service.acceptMessage(caller, input.value);
+  const accepted = await service.acceptMessage(caller, input.value, undefined, idempotencyKeyOf(call.request));
   if (!accepted.ok) return answer(call, accepted);
   const { taskId } = accepted.value;
   const continuing = input.value.message.taskId !== undefined;

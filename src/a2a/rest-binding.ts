@@ -7,6 +7,7 @@ import {
   A2A_JSON,
   challengeIfUnauthenticated,
   holdingStreamSlot,
+  idempotencyKeyOf,
   JSON_TYPES,
   mediaType,
   pacedBody,
@@ -109,7 +110,7 @@ export async function handleSendMessage(call: RestCall) {
   if (call.method !== 'POST') return wrongMethod(call, '; use POST');
   const input = sendMessageInput(call);
   if (!input.ok) return restFail(call.reply, input.error);
-  return restAnswer(call.reply, await call.service.sendMessage(call.caller, input.value));
+  return restAnswer(call.reply, await call.service.sendMessage(call.caller, input.value, idempotencyKeyOf(call.request)));
 }
 
 export async function handleSendStreamingMessage(call: RestCall) {
@@ -117,7 +118,7 @@ export async function handleSendStreamingMessage(call: RestCall) {
   const { service, caller } = call;
   const input = sendMessageInput(call);
   if (!input.ok) return restFail(call.reply, input.error);
-  const accepted = await service.acceptMessage(caller, input.value);
+  const accepted = await service.acceptMessage(caller, input.value, undefined, idempotencyKeyOf(call.request));
   if (!accepted.ok) return restFail(call.reply, accepted.error);
   const continuing = input.value.message.taskId !== undefined;
   return streamToSse(

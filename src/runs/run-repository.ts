@@ -108,15 +108,17 @@ export const RUN_COLUMNS = RUN_ROW.width;
 /**
  * The INSERT of runs (rows from `runValues`), as a statement of its own or a CTE of a larger one:
  * the rows as arrays, so the text is the same for one run or sixty-four. A queued run is created
- * at the transaction's time, a fast one at its `at` (NULL for a queued run).
+ * at the transaction's time, a fast one at its `at` (NULL for a queued run). With `onlyTasksOf`,
+ * only the runs of the tasks that CTE's `task_id` names (the tasks an INSERT did insert).
  */
-export function insertRunsStatement(rows: readonly ShapedRow[]) {
+export function insertRunsStatement(rows: readonly ShapedRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
       claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)
     SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, v.request,
       v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
       coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision
-    FROM ${RUN_ROW.unnest(rows, 'v')}`;
+    FROM ${RUN_ROW.unnest(rows, 'v')}
+    ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE v.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
 
 /** Inserts a QUEUED run, or with `fast` one already claimed by the inserting process (see `runValues`). */

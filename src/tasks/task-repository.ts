@@ -62,6 +62,13 @@ export type NewTask = {
   metadata: Record<string, unknown>;
   /** `history` sealed already (sealTaskHistory): the fast path keeps the bytes it wrote, to answer from them. */
   sealedHistory?: Buffer | null;
+  /**
+   * The key of the message that created the task (its messageId or Idempotency-Key) and the
+   * request's fingerprint (src/a2a/message-fingerprint.ts): a second INSERT with the key inserts
+   * nothing (sql/0028). None for a task Keel creates itself.
+   */
+  messageKey?: string | null;
+  messageFingerprint?: Buffer | null;
 };
 
 /** A task whose run its process claimed at insert (the fast path): WORKING since `at`, its WORKING event written with it or not. */
@@ -89,6 +96,8 @@ export function taskValues(sealer: Sealer, task: NewTask, start: TaskStart | nul
     projected_revision: journaled?.revision ?? 0,
     last_sequence: journaled?.lastSequence ?? 0,
     projected_state: journaled ? 'TASK_STATE_WORKING' : 'TASK_STATE_SUBMITTED',
+    message_key: task.messageKey ?? null,
+    message_fingerprint: task.messageFingerprint ?? null,
   });
 }
 
@@ -106,6 +115,8 @@ const TASK_ROW = rowShape([
   ['projected_revision', 'int8'],
   ['last_sequence', 'int4'],
   ['projected_state', 'text'],
+  ['message_key', 'text'],
+  ['message_fingerprint', 'bytea'],
 ]);
 
 /** How many cells a row from `taskValues` has. */
@@ -114,19 +125,20 @@ export const TASK_COLUMNS = TASK_ROW.width;
 /**
  * The INSERT of task rows (from `taskValues`), as a statement of its own or a CTE of a larger one:
  * the rows as arrays, one text for any number of tasks. A task is created (and its status stamped)
- * at the transaction's time, or at its fast run's start.
+ * at the transaction's time, or at its fast run's start. A task whose message key its owner used
+ * before (for a task or a follow-up) is not inserted: the unique index decides, waiting for a
+ * concurrent insert of the key to commit or roll back (decision 0064). Callers insert what hangs
+ * off a task only for the ids the INSERT returns.
  */
 export function insertTasksStatement(rows: readonly ShapedRow[]) {
   return sql.fragment`INSERT INTO a2a_tasks (id, context_id, owner, agent, run_id, state, answer_level, history, metadata, status_timestamp,
-      projected_revision, last_sequence, projected_state, created_at)
+      projected_revision, last_sequence, projected_state, created_at, message_key, message_fingerprint)
     SELECT v.id, v.context_id, v.owner, v.agent, v.id, v.state, v.answer_level, v.history, v.metadata,
-      coalesce(to_timestamp(v.at / 1000.0), now()), v.projected_revision, v.last_sequence, v.projected_state, coalesce(to_timestamp(v.at / 1000.0), now())
-    FROM ${TASK_ROW.unnest(rows, 'v')}`;
-}
-
-/** Inserts the task row for a run created in the same transaction (the run's id is the task id). */
-export async function insertTask(db: CommonQueryMethods, sealer: Sealer, task: NewTask, start: TaskStart | null = null): Promise<void> {
-  await db.query(sql.unsafe`${insertTasksStatement([taskValues(sealer, task, start)])}`);
+      coalesce(to_timestamp(v.at / 1000.0), now()), v.projected_revision, v.last_sequence, v.projected_state, coalesce(to_timestamp(v.at / 1000.0), now()),
+      v.message_key, v.message_fingerprint
+    FROM ${TASK_ROW.unnest(rows, 'v')}
+    WHERE v.message_key IS NULL OR NOT EXISTS (SELECT 1 FROM a2a_follow_up_keys f WHERE f.owner = v.owner AND f.message_key = v.message_key)
+    ON CONFLICT (owner, message_key) WHERE message_key IS NOT NULL DO NOTHING`;
 }
 
 /** A new task's history as its row stores it: kept at the task's answer level, sealed. */

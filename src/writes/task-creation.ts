@@ -19,14 +19,16 @@ import {
   type JournalRow,
   type ProjectionOptions,
 } from '../tasks/journal-writer.js';
-import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask } from '../tasks/task-repository.js';
+import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask, type TaskStart } from '../tasks/task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
 import type { HeldRows } from './completion-input.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
 // fast path) and the task row, with the task's WORKING event for a fast run. The creations of
 // concurrent requests are written together, one statement for all of them (group commit,
-// docs/decisions/0026-group-commit.md).
+// docs/decisions/0026-group-commit.md). A creation whose message key its owner used before
+// writes nothing: the task row's INSERT skips it and every other row follows the task rows the
+// INSERT returned (docs/decisions/0064-idempotent-messages-decided-at-insert.md).
 
 export type TaskCreation = {
   task: NewTask;
@@ -101,13 +103,17 @@ export async function journalFastStart(
   return written.deliveryIds;
 }
 
-const created = z.object({ tasks: z.number(), events: z.number() });
+const created = z.object({ tasks: z.number(), events: z.number(), created: z.array(z.string()) });
 
-/** A new context's row (row-shape.ts). */
+/** A new context's row (row-shape.ts), with the task it is created for. */
 const CONTEXT_ROW = rowShape([
   ['owner', 'uuid'],
   ['id', 'text'],
+  ['task_id', 'uuid'],
 ]);
+
+/** The CTE of the task rows an INSERT did insert (`task_id`): the rows that hang off a task follow it. */
+const NEW_TASKS = sql.identifier(['new_tasks']);
 
 export type CreationRows = [contexts: readonly ShapedRow[], runs: readonly ShapedRow[], tasks: readonly ShapedRow[], events: readonly JournalRow[]];
 
@@ -115,21 +121,24 @@ export type CreationRows = [contexts: readonly ShapedRow[], runs: readonly Shape
 export const CREATION_SHAPES = [CONTEXT_ROW.width, RUN_COLUMNS, TASK_COLUMNS, JOURNAL_COLUMNS] as const;
 
 /**
- * The creations' CTEs: contexts, runs, tasks and events as multi-row inserts. Foreign keys are
- * checked at the end of the statement, when contexts, runs, tasks and events all exist.
+ * The creations' CTEs: tasks, then the contexts, runs and events of the tasks inserted, as
+ * multi-row inserts. Foreign keys are checked at the end of the statement, when contexts, runs,
+ * tasks and events all exist.
  */
 export function creationCtes([contexts, runs, tasks, events]: CreationRows): FragmentSqlToken {
-  return sql.fragment`new_contexts AS (
+  return sql.fragment`new_tasks AS (${insertTasksStatement(tasks)} RETURNING id AS task_id),
+    new_contexts AS (
       INSERT INTO contexts (owner, id)
       SELECT c.owner, c.id FROM ${CONTEXT_ROW.unnest(contexts, 'c')}
+      WHERE c.task_id IN (SELECT task_id FROM new_tasks)
       RETURNING id),
-    new_runs AS (${insertRunsStatement(runs)} RETURNING id),
-    new_tasks AS (${insertTasksStatement(tasks)} RETURNING id),
-    new_events AS (${insertJournalRowsStatement(events)} RETURNING task_id)`;
+    new_runs AS (${insertRunsStatement(runs, NEW_TASKS)} RETURNING id),
+    new_events AS (${insertJournalRowsStatement(events, NEW_TASKS)} RETURNING task_id)`;
 }
 
-/** What the creations' CTEs wrote, as the statements that hold them select it. */
-export const CREATED_COUNTS = sql.fragment`(SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events`;
+/** What the creations' CTEs wrote, as the statements that hold them select it: counts, and the tasks inserted. */
+export const CREATED_COUNTS = sql.fragment`(SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_events)::int AS events,
+    ARRAY(SELECT task_id::text FROM new_tasks) AS created`;
 
 /**
  * The creations' statement: one text for any batch (rows as arrays, the CTEs always there),
@@ -157,33 +166,64 @@ export function creationRows(sealer: Sealer, creations: readonly TaskCreation[])
       journalRows(sealer, freshHead(task.id, task.contextId), claimedAtInsert(task.id, start!.at), [startedEvent(task.id, task.contextId, start!.at)]).rows,
   );
   return [
-    creations.map(({ task }) => CONTEXT_ROW.row({ owner: task.owner, id: task.contextId })),
+    creations.map(({ task }) => CONTEXT_ROW.row({ owner: task.owner, id: task.contextId, task_id: task.id })),
     creations.map((creation) => runValues(sealer, creation.run, creation.fast)),
     creations.map((creation) => taskValues(sealer, creation.task, creation.fast && { at: creation.fast.at, journaled: { revision: FIRST_CLAIM_REVISION, lastSequence: FAST_START_SEQUENCE } })),
     events,
   ];
 }
 
-/** Fails when the statement wrote fewer tasks or events than the creations hold. */
-export function checkCreated(written: { tasks: number; events: number }, creations: readonly TaskCreation[]): void {
-  const fast = creations.filter((creation) => creation.fast !== null).length;
-  if (written.tasks !== creations.length || written.events !== fast) {
-    throw new Error(`task creation wrote ${written.tasks} of ${creations.length} tasks and ${written.events} of ${fast} events`);
+/**
+ * Which creations the statement inserted (false: a repeat of a message key, nothing written for
+ * it); fails when it wrote other tasks or another number of events than those hold.
+ */
+export function checkCreated(written: { tasks: number; events: number; created: readonly string[] }, creations: readonly TaskCreation[]): boolean[] {
+  const inserted = new Set(written.created);
+  const results = creations.map((creation) => inserted.has(creation.task.id));
+  const tasks = results.filter(Boolean).length;
+  const fast = creations.filter((creation, index) => creation.fast !== null && results[index]).length;
+  if (written.tasks !== tasks || tasks !== inserted.size || written.events !== fast) {
+    throw new Error(`task creation wrote ${written.tasks} of ${tasks} tasks and ${written.events} of ${fast} events`);
   }
+  return results;
 }
 
-/** Writes the creations from their rows (creationRows) in one statement (one round trip, atomic on its own). */
-export async function writeCreationRows(db: CommonQueryMethods, creations: readonly TaskCreation[], rows: CreationRows): Promise<void> {
-  checkCreated(await db.one(creationStatement.with(rows)), creations);
+/** Writes the creations from their rows (creationRows) in one statement (one round trip, atomic on its own); which were inserted. */
+export async function writeCreationRows(db: CommonQueryMethods, creations: readonly TaskCreation[], rows: CreationRows): Promise<boolean[]> {
+  return checkCreated(await db.one(creationStatement.with(rows)), creations);
 }
 
-/** Writes the creations in one statement. */
-export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<void> {
-  await writeCreationRows(db, creations, creationRows(sealer, creations));
+/** Writes the creations in one statement; which were inserted. */
+export async function createTasksInNewContexts(db: CommonQueryMethods, sealer: Sealer, creations: readonly TaskCreation[]): Promise<boolean[]> {
+  return writeCreationRows(db, creations, creationRows(sealer, creations));
 }
 
-/** Writes new tasks: alone (TaskCreations) or with the held completions ready at the same moment (TaskWriteBatch). */
-export type TaskCreator = { create(creation: TaskCreation): Promise<void> };
+/**
+ * The task and its run in one statement, in a transaction of the caller's (a task with its
+ * context's earlier turns or a push config): false when the task's message key was used before,
+ * and then nothing is written.
+ */
+export async function insertTaskWithRun(
+  db: CommonQueryMethods,
+  sealer: Sealer,
+  task: NewTask,
+  run: CreateRunInput & { id: string },
+  fast: FastStart | null,
+  start: TaskStart | null,
+): Promise<boolean> {
+  const written = await db.one(sql.type(z.object({ tasks: z.number(), runs: z.number() }))`
+    WITH new_tasks AS (${insertTasksStatement([taskValues(sealer, task, start)])} RETURNING id AS task_id),
+    new_runs AS (${insertRunsStatement([runValues(sealer, run, fast)], NEW_TASKS)} RETURNING id)
+    SELECT (SELECT count(*) FROM new_tasks)::int AS tasks, (SELECT count(*) FROM new_runs)::int AS runs`);
+  if (written.tasks !== written.runs) throw new Error(`task creation wrote ${written.tasks} tasks and ${written.runs} runs`);
+  return written.tasks === 1;
+}
+
+/**
+ * Writes new tasks: alone (TaskCreations) or with the held completions ready at the same moment
+ * (TaskWriteBatch). Resolves to false when the task's message key was used before (nothing written).
+ */
+export type TaskCreator = { create(creation: TaskCreation): Promise<boolean> };
 
 /**
  * The creations of concurrent requests, written together: a request waits at most for the batch
@@ -191,21 +231,18 @@ export type TaskCreator = { create(creation: TaskCreation): Promise<void> };
  * fails in a batch is retried alone and fails alone.
  */
 export class TaskCreations implements TaskCreator {
-  private readonly group: GroupCommit<TaskCreation, void>;
+  private readonly group: GroupCommit<TaskCreation, boolean>;
 
   constructor(pool: DatabasePool, sealer: Sealer, options: BatchOptions) {
     const write = (creations: readonly TaskCreation[]) => createTasksInNewContexts(pool, sealer, creations);
-    this.group = new GroupCommit<TaskCreation, void>({
+    this.group = new GroupCommit<TaskCreation, boolean>({
       ...options,
-      writeBatch: async (creations) => {
-        await write(creations);
-        return creations.map(() => undefined);
-      },
-      writeOne: (creation) => write([creation]),
+      writeBatch: (creations) => write(creations),
+      writeOne: async (creation) => (await write([creation]))[0]!,
     });
   }
 
-  create(creation: TaskCreation): Promise<void> {
+  create(creation: TaskCreation): Promise<boolean> {
     return this.group.submit(creation);
   }
 }

@@ -6,12 +6,12 @@ import { enqueueRun } from '../runs/create-agent-run.js';
 import type { FastRuns } from '../runs/fast-runs.js';
 import type { TranscriptMessage } from '../providers/provider.js';
 import type { RunRequest } from '../runs/run-request.js';
-import { createRun, type CreateRunInput } from '../runs/run-repository.js';
+import type { CreateRunInput } from '../runs/run-repository.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { MAX_WAITING_RANK, waitingRankOf } from '../tasks/waiting-tasks.js';
 import type { ProjectionOptions } from '../tasks/journal-writer.js';
-import { contextTranscript, ensureContext, insertTask, type NewTask } from '../tasks/task-repository.js';
-import { journalFastStart, type TaskCreator } from './task-creation.js';
+import { contextTranscript, ensureContext, type NewTask } from '../tasks/task-repository.js';
+import { insertTaskWithRun, journalFastStart, type TaskCreator } from './task-creation.js';
 
 // The one way a new task enters the write path (docs/architecture.md, "The write path"). The A2A
 // service validates a message and says what the task is; the intake decides how it is written and
@@ -52,6 +52,12 @@ export type NewTaskIntake = {
 /** Where the new task's journal is, for a blocking request to wait after. */
 export type AcceptedTask = { taskId: string; afterSequence: number };
 
+/**
+ * The task written, or nothing written because its owner used the message key before (a repeat,
+ * decided by the task row's INSERT: docs/decisions/0064-idempotent-messages-decided-at-insert.md).
+ */
+export type IntakeResult = { ok: true; task: AcceptedTask } | { ok: false; reason: 'key_used' };
+
 export class TaskIntake {
   constructor(private readonly deps: TaskIntakeDeps) {}
 
@@ -63,36 +69,43 @@ export class TaskIntake {
   /**
    * Writes the task and its run, then starts the run here or enqueues it. `beforeWork` runs after
    * the commit and before the run can start (a blocking request subscribes to the journal there).
+   * A repeated message key writes and starts nothing, and gives back the run slot it reserved.
    */
-  async accept(intake: NewTaskIntake, beforeWork?: (taskId: string) => void): Promise<AcceptedTask> {
+  async accept(intake: NewTaskIntake, beforeWork?: (taskId: string) => void): Promise<IntakeResult> {
     const { pool, sealer } = this.deps;
     const { task, run, pushConfig } = intake;
     const slot = this.deps.fastRuns?.reserve(task.owner) ?? null;
     const fast = slot && { claim: slot.claim, at: Date.now() };
     let request: RunRequest;
     let deliveries: string[] = [];
+    let created: boolean;
     try {
       if (!intake.inExistingContext && !pushConfig) {
         // The common case, a first message: one row set, written with the other requests' creations.
         request = intake.request([]);
         // The spread last: a leading spread makes a hidden class per task (decision 0050).
-        await this.deps.creations.create({ task, run: { request, ...run }, fast });
+        created = await this.deps.creations.create({ task, run: { request, ...run }, fast });
       } else {
-        request = await pool.transaction(async (transaction) => {
+        ({ request, created } = await pool.transaction(async (transaction) => {
           await ensureContext(transaction, task.owner, task.contextId);
           const earlier = intake.inExistingContext ? await contextTranscript(transaction, sealer, task.owner, task.contextId) : [];
           const asked = intake.request(earlier);
-          await createRun(transaction, sealer, { request: asked, ...run }, fast);
-          await insertTask(transaction, sealer, task, fast && { at: fast.at, journaled: null });
+          if (!(await insertTaskWithRun(transaction, sealer, task, { request: asked, ...run }, fast, fast && { at: fast.at, journaled: null }))) {
+            return { request: asked, created: false };
+          }
           if (pushConfig) await createPushConfig(transaction, sealer, { taskId: task.id, owner: task.owner, ...pushConfig });
           // The WORKING event through the journal's writer: a push config created above gets its delivery.
           if (fast) deliveries = await journalFastStart(transaction, sealer, { id: task.id, contextId: task.contextId }, fast.at, this.deps.projectionOptions);
-          return asked;
-        });
+          return { request: asked, created: true };
+        }));
       }
     } catch (error) {
       slot?.cancel();
       throw error;
+    }
+    if (!created) {
+      slot?.cancel();
+      return { ok: false, reason: 'key_used' };
     }
     beforeWork?.(task.id);
     if (slot && fast) {
@@ -111,12 +124,12 @@ export class TaskIntake {
         await this.deps.onDeliveries?.(deliveries).catch((error: Error) => this.deps.logger.warn({ err: error, taskId: task.id }, 'push wake-ups for a new task failed; the sweeper adds them'));
       }
       // The insert journaled the task's WORKING event (sequence 1).
-      return { taskId: task.id, afterSequence: 1 };
+      return { ok: true, task: { taskId: task.id, afterSequence: 1 } };
     }
     // Its place in the queue: its rank in its client's backlog (decision 0062). A rank that cannot
     // be read puts it last of all ranks rather than failing a task that is written already.
     const rank = await waitingRankOf(pool, task.owner).catch(() => MAX_WAITING_RANK);
     await enqueueRun(this.deps.queues, task.id, { owner: task.owner, rank });
-    return { taskId: task.id, afterSequence: 0 };
+    return { ok: true, task: { taskId: task.id, afterSequence: 0 } };
   }
 }

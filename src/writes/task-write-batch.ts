@@ -46,10 +46,11 @@ export type HeldCompleter = { completeHeld(completion: HeldCompletion): Promise<
  * A completion's `item` (its audit rows taken) is null once a failed statement gave them back.
  */
 type Write = { kind: 'creation'; creation: TaskCreation; rows: CreationRows } | { kind: 'completion'; completion: HeldCompletion; item: HeldItem | null };
-type Written = { kind: 'creation' } | { kind: 'completion'; result: CompletionResult | null };
+/** A creation's `created` is false when its message key was used before (nothing written for it). */
+type Written = { kind: 'creation'; created: boolean } | { kind: 'completion'; result: CompletionResult | null };
 export type WriteKind = Write['kind'];
 
-const togetherRow = outcomeRow.extend({ tasks: z.number(), events: z.number() });
+const togetherRow = outcomeRow.extend({ tasks: z.number(), events: z.number(), created: z.array(z.string()) });
 
 type TogetherRows = [...CreationRows, ...HeldCompletionRows];
 
@@ -83,26 +84,28 @@ function batchItems(items: readonly HeldItem[]): HeldItem[] {
 
 /**
  * Writes the creations and the held completions in one statement, from their rows as built for
- * each. The completions' results are in their order (null: rows had changed, nothing of it
- * written). A statement that fails writes nothing.
+ * each. Which creations were inserted (false: a repeated message key), and the completions'
+ * results in their order (null: rows had changed, nothing of it written). A statement that fails
+ * writes nothing.
  */
 export async function writeCreationsAndCompletions(
   db: CommonQueryMethods,
   creations: ReadonlyArray<{ creation: TaskCreation; rows: CreationRows }>,
   completions: ReadonlyArray<{ completion: HeldCompletion; item: HeldItem }>,
-): Promise<Array<CompletionResult | null>> {
+): Promise<{ created: boolean[]; completed: Array<CompletionResult | null> }> {
   const items = batchItems(completions.map(({ item }) => item));
   const sets = [...concatCreationRows(creations.map(({ rows }) => rows)), ...heldCompletionRows(items)] as TogetherRows;
   const rows = await db.many(creationsAndCompletionsStatement.with(sets));
-  checkCreated(
+  const created = checkCreated(
     rows[0]!,
     creations.map(({ creation }) => creation),
   );
-  return heldCompletionResults(
+  const completed = heldCompletionResults(
     completions.map(({ completion }) => completion),
     items,
     rows,
   );
+  return { created, completed };
 }
 
 /**
@@ -160,14 +163,17 @@ export class TaskWriteBatch implements TaskCreator, HeldCompleter {
           else if (write.item !== null) completions.push({ completion: write.completion, item: write.item });
           else throw new Error(`task write batch: run ${write.completion.runId}'s completion was batched after its audit rows were given back`);
         }
-        const results = await writeCreationsAndCompletions(pool, creations, completions);
-        let next = 0;
-        return writes.map((write): Written => (write.kind === 'creation' ? { kind: 'creation' } : { kind: 'completion', result: results[next++]! }));
+        const { created, completed } = await writeCreationsAndCompletions(pool, creations, completions);
+        let nextCreation = 0;
+        let nextCompletion = 0;
+        return writes.map(
+          (write): Written => (write.kind === 'creation' ? { kind: 'creation', created: created[nextCreation++]! } : { kind: 'completion', result: completed[nextCompletion++]! }),
+        );
       },
       writeOne: async (write) => {
         if (write.kind === 'creation') {
-          await writeCreationRows(pool, [write.creation], write.rows);
-          return { kind: 'creation' };
+          const [created] = await writeCreationRows(pool, [write.creation], write.rows);
+          return { kind: 'creation', created: created! };
         }
         // Written again alone after a failed statement gave its audit rows back: prepared again.
         const item = write.item ?? prepareHeld(sealer, write.completion);
@@ -194,8 +200,9 @@ export class TaskWriteBatch implements TaskCreator, HeldCompleter {
     });
   }
 
-  async create(creation: TaskCreation): Promise<void> {
-    await this.group.submit({ kind: 'creation', creation, rows: creationRows(this.sealer, [creation]) });
+  async create(creation: TaskCreation): Promise<boolean> {
+    const written = await this.group.submit({ kind: 'creation', creation, rows: creationRows(this.sealer, [creation]) });
+    return written.kind === 'creation' && written.created;
   }
 
   async completeHeld(completion: HeldCompletion): Promise<CompletionResult | null> {

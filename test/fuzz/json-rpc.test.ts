@@ -108,12 +108,15 @@ describe('JSON-RPC bad input (fast-check)', () => {
       seed,
       fc.asyncProperty(fc.integer({ min: BODY_LIMIT - 300, max: BODY_LIMIT + 300 }), deepValue, where, async (size, deep, place) => {
         // A valid SendMessage padded to exactly `size` bytes.
-        const shell = (text: string) => Buffer.from(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId: 'm', role: 'ROLE_USER', parts: [{ text }] }, configuration: { returnImmediately: true } } }));
+        // A message id of its own per request: one id with another body is refused (decision 0064).
+        const messageId = randomUUID();
+        const shell = (text: string) =>
+          Buffer.from(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId, role: 'ROLE_USER', parts: [{ text }] }, configuration: { returnImmediately: true } } }));
         const padded = shell('x'.repeat(Math.max(0, size - shell('').length)));
         const sized = await exchange(rpcRequest(padded, withToken(JSON_HEADERS)), goodFacts);
         expect(sized === null, `a ${padded.length} B body`).toBe(padded.length > BODY_LIMIT);
 
-        const message = { messageId: 'deep', role: 'ROLE_USER', parts: [{ text: 'deep' }] };
+        const message = { messageId: `deep-${randomUUID()}`, role: 'ROLE_USER', parts: [{ text: 'deep' }] };
         const params =
           place === 'metadata'
             ? { message, metadata: { deep } }

@@ -97,7 +97,9 @@ describe('HTTP+JSON bad input (fast-check)', () => {
     await check(
       seed,
       fc.asyncProperty(fc.integer({ min: BODY_LIMIT - 300, max: BODY_LIMIT + 300 }), paths, async (size, path) => {
-        const shell = (text: string) => Buffer.from(JSON.stringify({ message: { messageId: 'm', role: 'ROLE_USER', parts: [{ text }] }, configuration: { returnImmediately: true } }));
+        // A message id of its own per request: one id with another body is refused (decision 0064).
+        const messageId = randomUUID();
+        const shell = (text: string) => Buffer.from(JSON.stringify({ message: { messageId, role: 'ROLE_USER', parts: [{ text }] }, configuration: { returnImmediately: true } }));
         const body = shell('x'.repeat(Math.max(0, size - shell('').length)));
         const request: RawRequest = { method: 'POST', path: `${AGENT_BASE}${path}`, headers: goodHeaders(), body };
         const response = await send(fuzz.keel.url, request);

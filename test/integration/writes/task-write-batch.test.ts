@@ -69,7 +69,7 @@ describe('creations and held completions ready together', () => {
     expect(statements).toEqual([{ creations: 2, completions: 3 }]);
     expect(writesSince(from)).toHaveLength(1);
     expect(log.commitsSince(from)).toBe(1);
-    expect(created).toEqual([undefined, undefined]);
+    expect(created, 'both creations inserted (no message key used before)').toEqual([true, true]);
     for (const item of fresh) expect(await rowsOf(item.run.id)).toEqual(WORKING);
     for (const [index, item] of running.entries()) {
       const id = item.run.id;
@@ -131,7 +131,7 @@ describe('creations and held completions ready together', () => {
     expect(statements).toEqual([{ creations: 2, completions: 2 }]);
     expect(outcomes[1]).toMatchObject({ status: 'rejected' });
     expect(await rowsOf(clash.run.id)).toBeNull();
-    expect(outcomes[2]).toEqual({ status: 'fulfilled', value: undefined });
+    expect(outcomes[2]).toEqual({ status: 'fulfilled', value: true });
     expect(await rowsOf(fresh.run.id)).toEqual(WORKING);
     for (const index of [0, 3] as const) {
       expect(outcomes[index]).toMatchObject({ status: 'fulfilled', value: { settled: true, run: { status: 'completed' } } });
@@ -142,6 +142,43 @@ describe('creations and held completions ready together', () => {
       expect(await rowsOf(item.run.id)).toEqual(COMPLETED);
     }
     expect(await rowsOf(taken.run.id)).toEqual(WORKING);
+  });
+
+  it('creations repeating a message key write nothing, in the statement with completions and other creations: the statement says which were inserted', async () => {
+    const running = [fastTask()];
+    await createTasksInNewContexts(db.pool, sealer, running.map((item) => item.creation));
+    const keyed = (key: string) => {
+      const item = fastTask();
+      item.creation.task.messageKey = key;
+      item.creation.task.messageFingerprint = Buffer.alloc(40, 1);
+      return item;
+    };
+    const earlierKey = `earlier-${Date.now()}`;
+    const earlier = keyed(earlierKey);
+    await createTasksInNewContexts(db.pool, sealer, [earlier.creation]);
+    const sameKey = `same-${Date.now()}`;
+    // Two creations with one key in the same statement, one with the key of a task written before, one without a key.
+    const items = [keyed(sameKey), keyed(sameKey), keyed(earlierKey), fastTask()];
+    const statements: Array<{ creations: number; completions: number }> = [];
+    const writes = new TaskWriteBatch(db.pool, sealer, { maxBatch: 64, onBatch: (sizes) => statements.push(sizes) });
+
+    const from = log.entries.length;
+    const [completed, ...created] = await Promise.all([writes.completeHeld(heldCompletion(running[0]!)), ...items.map((item) => writes.create(item.creation))]);
+
+    expect(statements).toEqual([{ creations: 4, completions: 1 }]);
+    expect(writesSince(from), 'one statement, no retry').toHaveLength(1);
+    expect(created).toEqual([true, false, false, true]);
+    expect(completed).toMatchObject({ settled: true, run: { status: 'completed' } });
+    expect(await rowsOf(items[0]!.run.id)).toEqual(WORKING);
+    expect(await rowsOf(items[3]!.run.id)).toEqual(WORKING);
+    for (const repeat of [items[1]!, items[2]!]) {
+      // Neither task, run, context nor event of a repeat exists.
+      expect(await rowsOf(repeat.run.id)).toBeNull();
+      expect(await getRun(db.pool, repeat.run.id)).toBeNull();
+      const contexts = await db.pool.oneFirst(sql.type(z.object({ n: z.number() }))`SELECT count(*)::int AS n FROM contexts WHERE id = ${repeat.creation.task.contextId}`);
+      expect(contexts).toBe(0);
+    }
+    expect(await rowsOf(earlier.run.id)).toEqual(WORKING);
   });
 
   it('a fast run whose rows changed gets nothing written by the statement and is completed by the transaction; the creations with it are written', async () => {

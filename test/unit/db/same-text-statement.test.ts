@@ -89,9 +89,9 @@ describe("the hot path's statements", () => {
     const ids = [randomUUID(), randomUUID()];
     const at = Date.now();
     return [
-      ids.map((id) => [randomUUID(), id] as const),
+      ids.map((id) => [randomUUID(), id, id] as const),
       ids.map((id, index) => [id, 'echo', index === 0 ? 'running' : 'queued', 'metadata', 'full', null, id, sealed(120), index === 0 ? 'worker-1' : null, index === 0 ? 30_000 : null, index === 0 ? at : null, index === 0 ? 2 : 1]),
-      ids.map((id) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(90), '{"a":"b\\"c"}', at, 2, 1, 'TASK_STATE_WORKING']),
+      ids.map((id, index) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(90), '{"a":"b\\"c"}', at, 2, 1, 'TASK_STATE_WORKING', index === 0 ? `m-${id}` : null, index === 0 ? sealed(40) : null]),
       [[ids[0]!, 1, ids[0]!, 2, 0, 'status', 'TASK_STATE_WORKING', sealed(200)]],
     ];
   }
