@@ -23,7 +23,7 @@ export type A2ARouteDeps = {
   authenticator: ClientAuthenticator;
   config: KeelConfig;
   logger: KeelLogger;
-  limits: ClientLimits;
+  limits: ClientLimits<A2AError>;
 };
 
 // Major.Minor 1.0 (a patch number is ignored, specification 3.6); 1.1 or 2.0 is not this version.
@@ -53,7 +53,7 @@ export type GateInput = {
  * exists, the client is authenticated and within its limits (a request refused later gives its
  * slot back at once), A2A-Version is 1.0, required extensions are requested.
  */
-export function createServiceGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits): (input: GateInput) => Promise<Gate> {
+export function createServiceGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits<A2AError>): (input: GateInput) => Promise<Gate> {
   return async (input: GateInput): Promise<Gate> => {
     const agent = registry.get(input.agentId);
     if (!agent) return { ok: false, error: A2AErrors.methodNotFound(`no agent ${input.agentId}`, { httpStatus: 404 }) };
@@ -92,7 +92,7 @@ export function createServiceGate(registry: AgentRegistry, authenticator: Client
  * `?A2A-Version=`); the request slot is given back when the response closes (sent, or the
  * connection gone), a stream's once it holds a stream slot instead.
  */
-export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits): RequestGate {
+export function createRequestGate(registry: AgentRegistry, authenticator: ClientAuthenticator, limits: ClientLimits<A2AError>): RequestGate {
   const check = createServiceGate(registry, authenticator, limits);
   return async (request: FastifyRequest, reply: FastifyReply, agentId: string): Promise<Gate> => {
     const gate = await check({

@@ -76,7 +76,7 @@ export type A2AServiceDeps = {
   /** Where new tasks enter the write path (src/writes/task-intake.ts). */
   intake: TaskIntake;
   /** Per-client limits (src/limits/): a new task is refused past the client's concurrentRuns. None: no limit. */
-  limits?: Pick<ClientLimits, 'startRun' | 'runEnded'>;
+  limits?: Pick<ClientLimits<A2AError>, 'startRun' | 'runEnded'>;
   /** Task revisions shared by concurrent readers; by default one of a2a.taskCacheBytes. */
   taskCache?: TaskRevisionCache;
   /** Streams' backpressure; by default a2a.streams' limits. */

@@ -22,7 +22,7 @@ export const JSON_TYPES = new Set([RESPONSE_JSON, A2A_JSON]);
  * The outcome of the checks every A2A request passes before its params are read. An admitted
  * request holds a slot of its client's limits (src/limits/) until it ends or becomes a stream.
  */
-export type Gate = { ok: true; caller: Caller; activated: string[]; admission: RequestAdmission } | { ok: false; error: A2AError };
+export type Gate = { ok: true; caller: Caller; activated: string[]; admission: RequestAdmission<A2AError> } | { ok: false; error: A2AError };
 
 /**
  * Checks a request to an agent: the agent exists, the client is authenticated and within its
@@ -59,7 +59,7 @@ export function retryAfterHeader(reply: FastifyReply, error: A2AError): void {
  * connection closes, whichever comes first: a client that went away holds no slot while the
  * operation winds down.
  */
-export async function holdingStreamSlot<T>(admission: RequestAdmission, refuse: (error: A2AError) => T, operation: () => Promise<T>, connection: FastifyReply['raw']): Promise<T> {
+export async function holdingStreamSlot<T>(admission: RequestAdmission<A2AError>, refuse: (error: A2AError) => T, operation: () => Promise<T>, connection: FastifyReply['raw']): Promise<T> {
   const slot = admission.openStream();
   if (!slot.ok) return refuse(slot.error);
   if (connection.destroyed) slot.close();

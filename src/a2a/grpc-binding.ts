@@ -286,10 +286,10 @@ export type GrpcBindingDeps = {
   registry: AgentRegistry;
   authenticator: ClientAuthenticator;
   logger: KeelLogger;
-  limits: ClientLimits;
+  limits: ClientLimits<A2AError>;
 };
 
-type Admitted = { ok: true; call: GrpcCall; params: unknown; echo: Metadata; admission: RequestAdmission } | { ok: false; error: A2AError; echo?: Metadata };
+type Admitted = { ok: true; call: GrpcCall; params: unknown; echo: Metadata; admission: RequestAdmission<A2AError> } | { ok: false; error: A2AError; echo?: Metadata };
 
 /** The service implementation: each method's call through the gate, its handler and back to proto. */
 export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceImplementation {
@@ -330,7 +330,7 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
   };
 
   const unary = (method: Extract<GrpcMethod, { kind: 'unary' }>) => async (call: ServerUnaryCall<unknown, unknown>, callback: sendUnaryData<unknown>) => {
-    let admission: RequestAdmission | null = null;
+    let admission: RequestAdmission<A2AError> | null = null;
     try {
       const admitted = await admit(method, call.request, call.metadata);
       if (admitted.echo) call.sendMetadata(admitted.echo);

@@ -1,4 +1,3 @@
-import { A2AErrors, type A2AError, type Result } from '../a2a/a2a-error.js';
 import type { ClientLimitsConfig, ClientLimitValues } from '../config/config-schema.js';
 import { REFRESH_EVERY_MS, type ActiveRunCounts } from './active-run-counts.js';
 import { TokenBucket } from './token-bucket.js';
@@ -22,13 +21,20 @@ export const SLOT_RETRY_SECONDS = Math.ceil(REFRESH_EVERY_MS / 1000);
 /** A client as the gate knows it after authentication. */
 export type LimitedClient = { id: string; name: string };
 
-export type Refused = { ok: false; error: A2AError };
+/** What refused a request: the limit, the client's values and the wait to name. */
+export type LimitRefusal = { kind: LimitKind; limits: ClientLimitValues; retryAfterSeconds: number };
+
+/**
+ * A refusal as the caller's error (the A2A service makes it an A2A error, src/a2a/client-limit-error.ts:
+ * this folder stays below the bindings and knows no wire shape).
+ */
+export type Refused<E> = { ok: false; error: E };
 
 /** A request admitted: it holds a request slot until `release` (idempotent) or until it becomes a stream. */
-export type RequestAdmission = {
+export type RequestAdmission<E> = {
   release: () => void;
   /** Takes one of the client's stream slots for this request's stream and gives back its request slot; `close` frees the stream slot (idempotent). */
-  openStream: () => { ok: true; close: () => void } | Refused;
+  openStream: () => { ok: true; close: () => void } | Refused<E>;
 };
 
 type ClientState = {
@@ -38,29 +44,9 @@ type ClientState = {
   streams: number;
 };
 
-const perSecond = (rate: number) => String(Number(rate.toPrecision(3)));
-
-/** The A2A error of a refusal: the limit by name, its value, the wait (message, ErrorInfo metadata, RetryInfo). */
-export function limitExceeded(kind: LimitKind, limits: ClientLimitValues, retryAfterSeconds: number): A2AError {
-  const value = limits[kind];
-  const what: Record<LimitKind, string> = {
-    requestsPerSecond: `at most ${perSecond(limits.requestsPerSecond)} requests per second (burst ${limits.burst})`,
-    concurrentRequests: `at most ${value} requests in flight at once`,
-    openStreams: `at most ${value} open streams at once`,
-    concurrentRuns: `at most ${value} tasks not yet in a terminal state`,
-  };
-  return A2AErrors.clientLimitExceeded(`client limit ${kind} reached: ${what[kind]}; retry after ${retryAfterSeconds} s`, {
-    metadata: {
-      limit: kind,
-      limitValue: String(value),
-      ...(kind === 'requestsPerSecond' ? { burst: String(limits.burst) } : {}),
-      retryAfterSeconds: String(retryAfterSeconds),
-    },
-    retryAfterSeconds,
-  });
-}
-
-export type ClientLimitsOptions = {
+export type ClientLimitsOptions<E> = {
+  /** Turns a refusal into the error a refused request gets. */
+  refuse: (refusal: LimitRefusal) => E;
   /** The clients' tasks not in a terminal state; none: concurrentRuns is not enforced (a process that takes no tasks). */
   runs: ActiveRunCounts | null;
   now?: () => number;
@@ -68,14 +54,14 @@ export type ClientLimitsOptions = {
   onRefused?: (kind: LimitKind) => void;
 };
 
-export class ClientLimits {
+export class ClientLimits<E> {
   readonly #clients = new Map<string, ClientState>();
   readonly #now: () => number;
   #timer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly config: ClientLimitsConfig,
-    private readonly options: ClientLimitsOptions,
+    private readonly options: ClientLimitsOptions<E>,
   ) {
     this.#now = options.now ?? Date.now;
   }
@@ -96,16 +82,16 @@ export class ClientLimits {
     return state;
   }
 
-  #refuse(kind: LimitKind, limits: ClientLimitValues, retryAfterSeconds: number): Refused {
+  #refuse(kind: LimitKind, limits: ClientLimitValues, retryAfterSeconds: number): Refused<E> {
     this.options.onRefused?.(kind);
-    return { ok: false, error: limitExceeded(kind, limits, retryAfterSeconds) };
+    return { ok: false, error: this.options.refuse({ kind, limits, retryAfterSeconds }) };
   }
 
   /**
    * Admits one request of an authenticated client: a token of its rate, a slot of its requests in
    * flight. A request refused for its concurrency takes no token.
    */
-  admitRequest(client: LimitedClient): { ok: true; admission: RequestAdmission } | Refused {
+  admitRequest(client: LimitedClient): { ok: true; admission: RequestAdmission<E> } | Refused<E> {
     const state = this.#state(client);
     const { limits } = state;
     if (state.requests >= limits.concurrentRequests) return this.#refuse('concurrentRequests', limits, SLOT_RETRY_SECONDS);
@@ -118,7 +104,7 @@ export class ClientLimits {
       holdsRequest = false;
       state.requests -= 1;
     };
-    const openStream = (): { ok: true; close: () => void } | Refused => {
+    const openStream = (): { ok: true; close: () => void } | Refused<E> => {
       if (state.streams >= limits.openStreams) return this.#refuse('openStreams', limits, SLOT_RETRY_SECONDS);
       state.streams += 1;
       release();
@@ -140,7 +126,7 @@ export class ClientLimits {
    * `start` writes it. Below the limit this reads nothing; at the limit a count older than a
    * quarter second is read again first (ActiveRunCounts).
    */
-  async startRun<T>(clientId: string, start: () => Promise<T>): Promise<Result<T>> {
+  async startRun<T>(clientId: string, start: () => Promise<T>): Promise<{ ok: true; value: T } | Refused<E>> {
     const runs = this.options.runs;
     if (!runs) return { ok: true, value: await start() };
     const limits = this.#clients.get(clientId)?.limits ?? this.config.default;

@@ -1,4 +1,6 @@
 import { hostname } from 'node:os';
+import type { A2AError } from '../a2a/a2a-error.js';
+import { limitExceeded } from '../a2a/client-limit-error.js';
 import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import type { FastifyInstance } from 'fastify';
@@ -304,7 +306,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     pushDestinations,
   });
   let grpc: GrpcServer | null = null;
-  let clientLimits: ClientLimits | null = null;
+  let clientLimits: ClientLimits<A2AError> | null = null;
   if (role !== 'worker') {
     // Per-client limits, in this process's memory; the run counts read from the task counts (decision 0060).
     const runCounts = new ActiveRunCounts(
@@ -312,7 +314,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       Date.now,
       (error) => logger.warn({ err: error }, 'cannot read the clients\' active task counts; the last ones stand'),
     );
-    const limits = new ClientLimits(config.limits, { runs: runCounts, onRefused: (kind) => limitMetrics.refused(kind) });
+    const limits = new ClientLimits<A2AError>(config.limits, { refuse: limitExceeded, runs: runCounts, onRefused: (kind) => limitMetrics.refused(kind) });
     limits.start();
     clientLimits = limits;
     cleanup.push(async () => limits.stop());

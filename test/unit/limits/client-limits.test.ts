@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../../src/config/load-config.js';
 import { ActiveRunCounts, FRESH_MS } from '../../../src/limits/active-run-counts.js';
+import { limitExceeded } from '../../../src/a2a/client-limit-error.js';
 import { ClientLimits, type LimitKind } from '../../../src/limits/client-limits.js';
 import { TokenBucket } from '../../../src/limits/token-bucket.js';
 
@@ -33,7 +34,7 @@ describe('ClientLimits', () => {
   const other = { id: 'c2', name: 'other' };
 
   it('takes a client’s limits from its name over the default, any subset', () => {
-    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 1, openStreams: 2 } }), { runs: null });
+    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 1, openStreams: 2 } }), { refuse: limitExceeded, runs: null });
     expect(limits.limitsFor('tight')).toEqual({ requestsPerSecond: 1, burst: 5000, concurrentRequests: 256, openStreams: 2, concurrentRuns: 5000 });
     expect(limits.limitsFor('other')).toEqual({ requestsPerSecond: 5000, burst: 5000, concurrentRequests: 256, openStreams: 200, concurrentRuns: 5000 });
     // Names are own keys only.
@@ -43,7 +44,7 @@ describe('ClientLimits', () => {
   it('refuses past the rate with the wait it names, per client, and counts each refusal by kind', () => {
     let now = 0;
     const refused: LimitKind[] = [];
-    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 0.5, burst: 2 } }), { runs: null, now: () => now, onRefused: (kind) => refused.push(kind) });
+    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 0.5, burst: 2 } }), { refuse: limitExceeded, runs: null, now: () => now, onRefused: (kind) => refused.push(kind) });
     for (let index = 0; index < 2; index += 1) {
       const admitted = limits.admitRequest(client);
       expect(admitted.ok).toBe(true);
@@ -71,7 +72,7 @@ describe('ClientLimits', () => {
   });
 
   it('holds a request slot until release, a stream slot instead once the request streams, and frees both once', () => {
-    const limits = new ClientLimits(limitsConfig({ tight: { concurrentRequests: 1, openStreams: 1 } }), { runs: null });
+    const limits = new ClientLimits(limitsConfig({ tight: { concurrentRequests: 1, openStreams: 1 } }), { refuse: limitExceeded, runs: null });
     const first = limits.admitRequest(client);
     if (!first.ok) throw new Error('first');
     const second = limits.admitRequest(client);
@@ -96,7 +97,7 @@ describe('ClientLimits', () => {
 
   it('forgets a client with nothing in flight and a full bucket', () => {
     let now = 0;
-    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 1, burst: 1 } }), { runs: null, now: () => now });
+    const limits = new ClientLimits(limitsConfig({ tight: { requestsPerSecond: 1, burst: 1 } }), { refuse: limitExceeded, runs: null, now: () => now });
     const admitted = limits.admitRequest(client);
     limits.prune();
     expect(limits.trackedClients).toBe(1);
@@ -121,7 +122,7 @@ describe('concurrent runs', () => {
       },
       () => now,
     );
-    const limits = new ClientLimits(limitsConfig({ tight: { concurrentRuns: limit } }), { runs, now: () => now });
+    const limits = new ClientLimits(limitsConfig({ tight: { concurrentRuns: limit } }), { refuse: limitExceeded, runs, now: () => now });
     const admitted = limits.admitRequest({ id: 'c1', name: 'tight' });
     if (!admitted.ok) throw new Error('admit');
     return {
