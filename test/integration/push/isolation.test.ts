@@ -82,8 +82,10 @@ describe('push isolation', () => {
     const rows = await waitForSettled(pool(), taskId!, undefined, 20_000);
     expect(rows.every((row) => row.state === 'delivered')).toBe(true);
     const last = Math.max(...quick.requests.map((request) => request.at));
-    // Before: behind 48 heads of 1.5 s on 16 slots (4.5 s and more).
-    expect(last - sentAt).toBeLessThan(2_500);
+    // Before: behind 48 heads of 1.5 s on 16 slots (4.5 s and more). A's three deliveries go one
+    // after another (journal order per config); 3 s leaves room for a loaded CI machine (2.75 s
+    // was seen there beside another test file) and still tells the two apart.
+    expect(last - sentAt).toBeLessThan(3_000);
     for (const one of slow) one.setResponder(() => ({ status: 200 }));
     for (const id of backlog) await waitForSettled(pool(), id, undefined, 60_000);
   }, 120_000);
