@@ -52,7 +52,7 @@ import {
 import { isUuid } from '../db/uuid.js';
 import { newRowId } from '../db/row-id.js';
 import { findMessageKey, insertFollowUpKey, MAX_MESSAGE_KEY_LENGTH } from '../tasks/message-keys.js';
-import { compareFingerprint, messageFingerprint, type FingerprintInput } from './message-fingerprint.js';
+import { compareFingerprint, fingerprintInputOf, messageFingerprint, type FingerprintInput } from './message-fingerprint.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:
@@ -281,22 +281,8 @@ export class A2AService {
         }),
       );
     }
-    const { message } = params;
-    const input: FingerprintInput = {
-      agent: caller.agent.config.id,
-      message: {
-        role: message.role,
-        parts: message.parts,
-        contextId: message.contextId,
-        taskId: message.taskId,
-        referenceTaskIds: message.referenceTaskIds,
-        extensions: message.extensions,
-        metadata: message.metadata,
-      },
-      metadata: params.metadata,
-      pushConfig: params.configuration?.taskPushNotificationConfig,
-    };
-    return ok({ key: header ?? message.messageId, fromHeader: header !== undefined, input, fingerprint: messageFingerprint(this.deps.sealer.ring, input) });
+    const input = fingerprintInputOf(caller.agent.config.id, params);
+    return ok({ key: header ?? params.message.messageId, fromHeader: header !== undefined, input, fingerprint: messageFingerprint(this.deps.sealer.ring, input) });
   }
 
   /**

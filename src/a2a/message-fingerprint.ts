@@ -1,6 +1,7 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { MasterKey, MasterKeyRing } from '../sealing/master-key.js';
 import { MASTER_KEY_ID_BYTES } from '../sealing/master-key.js';
+import type { SendMessageParams } from '../protocol/wire.js';
 
 // What a repeated SendMessage is compared by (docs/decisions/0065-message-fingerprints-under-the-master-key.md):
 // a keyed hash of everything the request asks that a repeat must repeat, stored beside the
@@ -31,6 +32,25 @@ export type FingerprintInput = {
   pushConfig?: unknown;
 };
 
+/** The part of a SendMessage a fingerprint covers, taken field by field (nothing else of the request gets in). */
+export function fingerprintInputOf(agent: string, params: SendMessageParams): FingerprintInput {
+  const { message } = params;
+  return {
+    agent,
+    message: {
+      role: message.role,
+      parts: message.parts,
+      contextId: message.contextId,
+      taskId: message.taskId,
+      referenceTaskIds: message.referenceTaskIds,
+      extensions: message.extensions,
+      metadata: message.metadata,
+    },
+    metadata: params.metadata,
+    pushConfig: params.configuration?.taskPushNotificationConfig,
+  };
+}
+
 const derivedKeys = new WeakMap<MasterKey, Buffer>();
 
 function fingerprintKey(master: MasterKey): Buffer {
@@ -57,22 +77,7 @@ export function canonicalJson(value: unknown): string {
 }
 
 function digest(master: MasterKey, input: FingerprintInput): Buffer {
-  const { message } = input;
-  const covered = {
-    agent: input.agent,
-    message: {
-      role: message.role,
-      parts: message.parts,
-      contextId: message.contextId,
-      taskId: message.taskId,
-      referenceTaskIds: message.referenceTaskIds,
-      extensions: message.extensions,
-      metadata: message.metadata,
-    },
-    metadata: input.metadata,
-    pushConfig: input.pushConfig,
-  };
-  return createHmac('sha256', fingerprintKey(master)).update(canonicalJson(covered)).digest();
+  return createHmac('sha256', fingerprintKey(master)).update(canonicalJson(input)).digest();
 }
 
 /** The request's fingerprint under the ring's active key: the key's id, then the HMAC. */
