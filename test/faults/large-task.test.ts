@@ -3,13 +3,12 @@ import { readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs'
 import { request as httpRequest } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createClient } from '../../src/auth/client-repository.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../support/test-database.js';
 import { TEST_POOL_ENV, tempDir } from '../support/test-keel.js';
-import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../support/test-queues.js';
+import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../support/test-queues.js';
 import { waitFor } from '../support/wait-for.js';
 
 // The large-task scenario of issue 40 (docs/reliability.md, "Large tasks"): Keel as a child
@@ -47,16 +46,7 @@ afterAll(async () => {
   }
   for (const database of databases) await database.drop().catch(() => undefined);
   if (QUEUE === 'redis') {
-    const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
-    for (const prefix of prefixes) {
-      for (let cursor = '0'; ; ) {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-        if (cursor === '0') break;
-      }
-    }
-    await redis.quit();
+    await deleteQueueKeys(prefixes, TEST_REDIS_URL);
   }
 });
 

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
 import type { QueueBackend } from '../../src/queue/keel-queues.js';
 
 // The whole suite runs on both queue backends: KEEL_TEST_QUEUE=redis|postgres (default postgres).
@@ -22,4 +23,23 @@ export function testQueueBackend(databaseUrl: string, prefix = testQueuePrefix()
   return testQueueKind() === 'redis'
     ? { kind: 'redis', url: TEST_REDIS_URL, prefix }
     : { kind: 'postgres', connectionString: databaseUrl, prefix };
+}
+
+/** Deletes every key under these queue prefixes from Redis (other test files share the server: never FLUSHALL); how many. */
+export async function deleteQueueKeys(prefixes: readonly string[], redisUrl = TEST_REDIS_URL): Promise<number> {
+  const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
+  let deleted = 0;
+  try {
+    for (const prefix of prefixes) {
+      for (let cursor = '0'; ; ) {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
+        if (keys.length > 0) deleted += await redis.del(...keys);
+        cursor = next;
+        if (cursor === '0') break;
+      }
+    }
+  } finally {
+    await redis.quit();
+  }
+  return deleted;
 }

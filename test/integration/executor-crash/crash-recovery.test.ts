@@ -2,7 +2,6 @@ import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { sql } from 'slonik';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -25,7 +24,7 @@ import { reapExpiredLeases, type ReaperPolicy } from '../../../workers/maintenan
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, TEST_POOL_ENV, tempDir, testConfig, type TestKeel } from '../../support/test-keel.js';
-import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
+import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
 // Crash recovery of the run executor (issue 3, items 3 and 8; docs/architecture.md, "The process
@@ -75,16 +74,7 @@ afterAll(async () => {
   for (const close of closers) await close().catch(() => undefined);
   for (const database of databases) await database.drop().catch(() => undefined);
   if (redisUrl && prefixes.length > 0) {
-    const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
-    for (const prefix of prefixes) {
-      for (let cursor = '0'; ; ) {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-        if (cursor === '0') break;
-      }
-    }
-    await redis.quit();
+    await deleteQueueKeys(prefixes, redisUrl);
   }
 });
 

@@ -1,6 +1,5 @@
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { Redis } from 'ioredis';
 import { sql } from 'slonik';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -16,7 +15,7 @@ import { rawRpc, type Json } from '../../support/a2a-wire.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
-import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
+import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 
 // The fast path's debt is its lease (docs/decisions/0025-fast-path.md): a process with role `all`
@@ -60,16 +59,7 @@ afterAll(async () => {
   for (const queues of queueSets) await queues.close().catch(() => undefined);
   for (const database of databases) await database.drop().catch(() => undefined);
   if (redisUrl && prefixes.length > 0) {
-    const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
-    for (const prefix of prefixes) {
-      for (let cursor = '0'; ; ) {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-        if (cursor === '0') break;
-      }
-    }
-    await redis.quit();
+    await deleteQueueKeys(prefixes, redisUrl);
   }
 });
 

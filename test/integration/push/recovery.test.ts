@@ -1,9 +1,8 @@
-import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
-import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
+import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor } from '../../support/wait-for.js';
 import {
   PUSH_TEST_OVERRIDES,
@@ -32,21 +31,7 @@ const databases: TestDatabase[] = [];
 const receivers: Receiver[] = [];
 const prefixes: string[] = [];
 
-async function deleteKeys(prefix: string): Promise<number> {
-  const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
-  let deleted = 0;
-  try {
-    for (let cursor = '0'; ; ) {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-      if (keys.length > 0) deleted += await redis.del(...keys);
-      cursor = next;
-      if (cursor === '0') break;
-    }
-  } finally {
-    await redis.quit();
-  }
-  return deleted;
-}
+const deleteKeys = (prefix: string): Promise<number> => deleteQueueKeys([prefix]);
 
 afterAll(async () => {
   for (const child of children) {

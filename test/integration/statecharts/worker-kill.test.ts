@@ -2,7 +2,6 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { SendMessageRequest, Task } from '@a2a-js/sdk';
-import { Redis } from 'ioredis';
 import { sql } from 'slonik';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -15,7 +14,7 @@ import { sdkClient } from '../../support/a2a-client.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, TEST_POOL_ENV, tempDir, type TestKeel } from '../../support/test-keel.js';
-import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
+import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../../support/test-queues.js';
 import { waitFor, waitForRunStatus } from '../../support/wait-for.js';
 
 // A statechart agent's worker SIGKILLed between two steps (issue 16, "Durable, transition by
@@ -49,16 +48,7 @@ afterAll(async () => {
   for (const database of databases) await database.drop().catch(() => undefined);
   delete process.env.KEEL_TEST_STEP_LOG;
   if (redisUrl && prefixes.length > 0) {
-    const redis = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
-    for (const prefix of prefixes) {
-      for (let cursor = '0'; ; ) {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-        if (keys.length > 0) await redis.del(...keys);
-        cursor = next;
-        if (cursor === '0') break;
-      }
-    }
-    await redis.quit();
+    await deleteQueueKeys(prefixes, redisUrl);
   }
 });
 
