@@ -19,7 +19,8 @@ import { SUITE_WRITE_PATH_ENV } from '../support/suite-write-path.js';
 // server's return, by itself, and lose nothing; while the database is down /readyz answers within
 // its own timeout and says why it is not ready. The runs in flight at the crash are the live
 // worker's own: it writes again what it lost as soon as the database answers (decision 0054), so
-// every task accepted before the crash completes within 20 s of the return, no run is requeued
+// every run held at the crash completes within 20 s of the return (one still queued within 45 s:
+// it waits its turn behind the load that goes on), no run is requeued
 // and no task goes back to SUBMITTED (with the production lease: the suite's 2 s one would expire
 // during the outage and let the reaper take them first).
 //
@@ -39,6 +40,12 @@ const ANSWER_AGAIN_BOUND_MS = 15_000;
  * wait out the run's lease (60 s) and a requeue.
  */
 const RECOVERED_BOUND_MS = 20_000;
+/**
+ * How long after Postgres's return a run still queued at the crash may take to complete: it waits
+ * its turn behind the held ones and the load that goes on, which on a loaded two-core CI machine
+ * took up to 24 s (2026-12-05); what matters for it is that it completes and is never requeued.
+ */
+const QUEUED_BOUND_MS = 45_000;
 /**
  * The lease of a production start (runs.leaseSeconds' default), not the suite's 2 s: these
  * scenarios are about live processes recovering their own runs, and a lease that ran out while
@@ -105,28 +112,45 @@ const expectedOfAgent: LoadOptions['expected'] = (agent, text) => (agent === 'ch
 const countRow = z.object({ n: z.number() });
 const lateRow = z.object({ id: z.string(), agent: z.string(), status: z.string(), settled_after_ms: z.number().nullable(), requeue_count: z.number() });
 
+/** The runs a process holds (claimed, running) right now: at the crash, those it must write again itself. */
+async function heldRuns(pool: DatabasePool): Promise<ReadonlySet<string>> {
+  return new Set(await pool.anyFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM runs WHERE status = 'running'`));
+}
+
 /**
- * How the tasks accepted before the crash recovered: those not completed within
- * RECOVERED_BOUND_MS of Postgres's return (`backAt`), besides a scripted agent's own steps (its
- * `ownMs` from the run's creation), the runs requeued, and the tasks whose journal went back to
- * SUBMITTED after WORKING (a requeue's way, which a live process must not take for its own runs).
+ * How the tasks accepted before the crash recovered: those not completed within their bound after
+ * Postgres's return (`backAt`), besides a scripted agent's own steps (its `ownMs` from the run's
+ * creation): RECOVERED_BOUND_MS for a run held at the crash (`held`), QUEUED_BOUND_MS for one still
+ * queued; the runs requeued, and the tasks whose journal went back to SUBMITTED after WORKING (a
+ * requeue's way, which a live process must not take for its own runs).
  */
-async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number, ownMs: (agent: string) => number = () => 0) {
+async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number, held: ReadonlySet<string>, ownMs: (agent: string) => number = () => 0) {
   const runs = await pool.any(sql.type(lateRow)`
     SELECT id, agent, status, requeue_count,
       extract(epoch FROM settled_at - to_timestamp(${backAt} / 1000.0)) * 1000 AS settled_after_ms
     FROM runs WHERE created_at < to_timestamp(${crashedAt} / 1000.0)`);
-  const late = runs.filter((run) => run.status !== 'completed' || run.settled_after_ms === null || run.settled_after_ms > RECOVERED_BOUND_MS + ownMs(run.agent));
+  const boundOf = (run: z.infer<typeof lateRow>) => (held.has(run.id) ? RECOVERED_BOUND_MS : QUEUED_BOUND_MS) + ownMs(run.agent);
+  const late = runs
+    .filter((run) => run.status !== 'completed' || run.settled_after_ms === null || run.settled_after_ms > boundOf(run))
+    .map((run) => ({ ...run, heldAtCrash: held.has(run.id) }));
   const requeued = runs.filter((run) => run.requeue_count > 0);
   const backToSubmitted = await pool.anyFirst(sql.type(z.object({ task_id: z.string() }))`
     SELECT DISTINCT s.task_id FROM a2a_events s JOIN a2a_events w ON w.task_id = s.task_id
     WHERE s.state = 'TASK_STATE_SUBMITTED' AND w.state = 'TASK_STATE_WORKING' AND s.sequence > w.sequence`);
-  const slowest = Math.max(0, ...runs.map((run) => run.settled_after_ms ?? 0));
-  return { acceptedBeforeCrash: runs.length, slowestAfterReturnMs: Math.round(slowest), late, requeued: requeued.map((run) => run.id), backToSubmitted };
+  const slowestOf = (subset: readonly z.infer<typeof lateRow>[]) => Math.round(Math.max(0, ...subset.map((run) => run.settled_after_ms ?? 0)));
+  return {
+    acceptedBeforeCrash: runs.length,
+    heldAtCrash: runs.filter((run) => held.has(run.id)).length,
+    slowestHeldAfterReturnMs: slowestOf(runs.filter((run) => held.has(run.id))),
+    slowestAfterReturnMs: slowestOf(runs),
+    late,
+    requeued: requeued.map((run) => run.id),
+    backToSubmitted,
+  };
 }
 
 function expectRecovered(recovery: Awaited<ReturnType<typeof recoveryOf>>) {
-  expect.soft(recovery.late, `tasks accepted before the crash not completed within ${RECOVERED_BOUND_MS} ms of Postgres's return`).toEqual([]);
+  expect.soft(recovery.late, `tasks accepted before the crash not completed within ${RECOVERED_BOUND_MS} ms (held at the crash) or ${QUEUED_BOUND_MS} ms (queued) of Postgres's return`).toEqual([]);
   expect.soft(recovery.requeued, 'runs requeued (left to their lease instead of written again by their live process)').toEqual([]);
   expect.soft(recovery.backToSubmitted, 'tasks whose journal went back to SUBMITTED after WORKING').toEqual([]);
 }
@@ -284,6 +308,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       expect(await until(async () => load.accepted() >= 100 && (await runsClaimedBy(pool, worker)) >= 3, 60_000), 'runs in flight').toBe(true);
       faults.runsHeldAtCrash = await runsClaimedBy(pool, worker);
       faults.openRunsAtCrash = await pendingRuns(pool);
+      const held = await heldRuns(pool);
 
       const crashedAt = Date.now();
       const crash = postgres.crash(mode, 3000);
@@ -325,7 +350,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         load,
         startedAt,
         receiver,
-        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt)) }),
+        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt, held)) }),
       });
       // Both processes lived through it: nobody restarted them.
       expect(api.generations).toHaveLength(1);
@@ -333,7 +358,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       expect(api.alive && worker.alive).toBe(true);
       expectClean(counts, installation);
       // The runs in flight at the crash were written again by the worker that held them, within seconds.
-      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt)));
+      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt, held)));
     },
     SCENARIO_TIMEOUT_MS,
   );
@@ -405,6 +430,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       const streamRunsFast = await pool.oneFirst(sql.type(countRow)`SELECT count(*)::int AS n FROM runs WHERE agent = 'chunks' AND status = 'running' AND started_at = created_at`);
       expect(streamRunsFast, "the streams' tasks took the fast path").toBe(STREAMS);
       expect(faults.fastRunsAtCrash, 'runs took the fast path before the crash').toBeGreaterThan(0);
+      const held = await heldRuns(pool);
 
       const crashedAt = Date.now();
       const report = await postgres.crash('immediate', 3000);
@@ -452,7 +478,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         load,
         startedAt,
         receiver,
-        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt, scriptMs)) }),
+        faults: async () => ({ ...faults, recovery: (recovery = await recoveryOf(pool, crashedAt, backAt, held, scriptMs)) }),
         expected: expectedOfAgent,
       });
       // Every task has ended: its streams have ended too (a creating stream the crash left open is cut).
@@ -569,7 +595,7 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
       expect.soft(node.generations).toHaveLength(1);
       expect.soft(node.alive).toBe(true);
       // The fast runs in flight at the crash were written again by their live process, within seconds.
-      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt, scriptMs)));
+      expectRecovered(recovery ?? (await recoveryOf(pool, crashedAt, backAt, held, scriptMs)));
       expectClean(counts, installation);
     },
     SCENARIO_TIMEOUT_MS,
