@@ -17,8 +17,8 @@ import { PUSH_TEST_OVERRIDES } from '../push/push-support.js';
 
 /** The light client's runs wait this long in their provider step: long against Keel's own per-run cost on a loaded 2-core machine. */
 const RUN_MS = 150;
-/** The heavy client's runs hold their slots longer, so its 1,000 tasks are a backlog for a minute. */
-const HEAVY_RUN_MS = 400;
+/** The heavy client's runs hold their slots longer, so its 1,000 tasks are a backlog of half a minute (1,000 × 250 ms / 8 slots). */
+const HEAVY_RUN_MS = 250;
 /** Few slots, so 1,000 tasks are a backlog of many rounds (and the flood costs little CPU). */
 const SLOTS = 8;
 const HEAVY_TASKS = 1000;
@@ -158,17 +158,19 @@ describe('fair run slots', () => {
   it('a run requeued after its lease expired still runs while a backlog waits, ahead of it', async () => {
     const backlog = Array.from({ length: 200 }, () => send(heavy.token, 'heavy', { returnImmediately: true }));
     const ids = (await Promise.all(backlog)).map((answer) => answer.task.id as string);
-    // One of the waiting runs as a crashed worker would leave it: RUNNING under a lease that ran out.
-    const crashed = ids[ids.length - 1]!;
-    const taken = await keel.context.pool.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
+    // The backlog's last waiting run, as a crashed worker would leave it: RUNNING under a lease that ran out.
+    const crashed = await keel.context.pool.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
       UPDATE runs SET status = 'running', claimed_by = 'gone-worker', lease_expires_at = now() - interval '1 second', started_at = now()
-      WHERE id = ${crashed} AND status = 'queued' RETURNING id`);
-    expect(taken, 'the last task of the backlog was still waiting').toBe(crashed);
+      WHERE id = (SELECT r.id FROM runs r JOIN a2a_tasks t ON t.run_id = r.id
+                  WHERE t.id = ANY(${sql.array(ids, 'uuid')}) AND r.status = 'queued' ORDER BY r.created_at DESC LIMIT 1)
+        AND status = 'queued'
+      RETURNING id`);
+    expect(crashed, 'a task of the backlog was still waiting').not.toBeNull();
     const report = await reapExpiredLeases(keel.context, { maxRequeues: 3, requeueBaseMs: 0, requeueMaxMs: 0 });
     expect(report.requeued).toBe(1);
     const ran = await waitFor(
       async () => {
-        const row = await keel.context.pool.one(sql.type(z.object({ status: z.string(), requeue_count: z.number() }))`SELECT status, requeue_count FROM runs WHERE id = ${crashed}`);
+        const row = await keel.context.pool.one(sql.type(z.object({ status: z.string(), requeue_count: z.number() }))`SELECT status, requeue_count FROM runs WHERE id = ${crashed!}`);
         return row.status === 'completed' ? row : null;
       },
       'the requeued run completed',
