@@ -342,14 +342,6 @@ async function streamingClient(origin: string, cardPath: string, headers: Record
 }
 
 /**
- * The streams' abort signal, aborted with `interrupted`. Not `interrupted.signal` itself: its
- * listener limit is 0 (unlimited), and undici's fetch asks Node's getMaxListeners for it, which on
- * Node 20 throws for a limit of 0 (every stream failed with ERR_INVALID_ARG_TYPE).
- */
-const streamsAbort = new AbortController();
-interrupted.signal.addEventListener('abort', () => streamsAbort.abort(interrupted.signal.reason), { once: true });
-
-/**
  * One SendStreamingMessage through the official client, read to its end: a success is a stream
  * whose last state is COMPLETED and that carried the echo artifact's text; its latency is the
  * stream's end, and the first event's time is kept apart.
@@ -377,8 +369,16 @@ async function streamOne(client: Client): Promise<Outcome> {
       if (hasEcho(payload.value.artifact?.parts)) echoed = true;
     }
   };
+  // A signal of the stream's own, aborted with `interrupted`. Not `interrupted.signal` itself: its
+  // listener limit is 0 (unlimited), and undici's fetch asks Node's getMaxListeners of it, which
+  // throws on Node 20 for a limit of 0. Nor one signal shared by every stream: undici removes its
+  // listener from a request's signal only when the request is garbage-collected, so a shared one
+  // gathered thousands of them (MaxListenersExceededWarning, and the load generator slowed).
+  const abort = new AbortController();
+  const onInterrupt = () => abort.abort(interrupted.signal.reason);
+  interrupted.signal.addEventListener('abort', onInterrupt, { once: true });
   try {
-    for await (const event of client.sendMessageStream(request, { signal: streamsAbort.signal })) {
+    for await (const event of client.sendMessageStream(request, { signal: abort.signal })) {
       firstEventMs ??= performance.now() - started;
       events += 1;
       read(event);
@@ -388,6 +388,8 @@ async function streamOne(client: Client): Promise<Outcome> {
     const cause = (error as { cause?: { code?: string; message?: string } }).cause;
     const reason = `${(error as Error).message}${cause ? ` (${cause.code ?? cause.message})` : ''}`;
     return { error: `stream failed: ${reason.slice(0, 100)}`, ms: performance.now() - started };
+  } finally {
+    interrupted.signal.removeEventListener('abort', onInterrupt);
   }
   const ms = performance.now() - started;
   const name = state === undefined ? '(none)' : TaskState[state];
