@@ -325,8 +325,9 @@ const TERMINAL_STATES: ReadonlySet<TaskState> = new Set([TaskState.TASK_STATE_CO
 
 /**
  * The official client for one server origin, reading the agent card at `cardPath` as any remote
- * client would, its requests sent through `pool` (so the pool's statistics see them, and each
- * request has a connection of its own) with the target's authorization header.
+ * client would (once, with the SDK's own card resolver), its A2A requests sent through `pool` (so
+ * the pool's statistics see them, and each request has a connection of its own) with the target's
+ * authorization header.
  */
 async function streamingClient(origin: string, cardPath: string, headers: Record<string, string>, pool: Pool): Promise<Client> {
   const authorization = headers.authorization;
