@@ -6,7 +6,9 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { Pool } from 'undici';
+import { fetch as undiciFetch, Pool } from 'undici';
+import { SendMessageRequest, TaskState, type StreamResponse } from '@a2a-js/sdk';
+import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Client } from '@a2a-js/sdk/client';
 import { encodeMasterKey, generateMasterKey } from '../src/sealing/master-key.js';
 import {
   A2A_HEADERS,
@@ -58,8 +60,20 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 // fresh Redis key prefix). Prints one table and, as its last line, a JSON document with every
 // figure; asserts nothing (docs/performance.md gives the targets: Keel ≥ 3× the SDK on Postgres and
 // ≥ 0.5× the SDK in memory, in the same run).
+// The streaming mode (BENCH_MODE=streaming): SendStreamingMessage over JSON-RPC, sent by the
+// official @a2a-js/sdk client (Client.sendMessageStream, one client per server origin, each request
+// on a connection of the client's own as in the blocking mode), against the SDK in-memory server and
+// Keel; a success is a stream that ends COMPLETED and carried the echo artifact. Its table gives
+// tasks/s (streams completed a second), the time to the first event and to the stream's end (p50,
+// p99), and Keel's ratios to the in-memory server: tasks/s, and first-event p50 (lower is better).
+// Every message, in either mode, has a messageId of its own (randomUUID): Keel's idempotency key is
+// owner + messageId, so the bench measures new messages, the path every task takes.
 //
 // Environment:
+//   BENCH_MODE             blocking | streaming, or both: "blocking,streaming" (blocking). Both: every
+//                          target of each mode in one run, a table each; the streaming mode measures
+//                          the SDK in-memory server and Keel (the SDK's Postgres store is left out:
+//                          its comparison is the blocking one)
 //   BENCH_SECONDS          measured seconds per target and concurrency (10)
 //   BENCH_WARMUP_SECONDS   warm-up seconds before each measurement (2); the window opens later when
 //                          some client has not had its first answer by then (at most 30 s later)
@@ -135,6 +149,7 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 // level itself.
 
 type TargetKind = 'sdk-memory' | 'sdk-postgres' | 'keel';
+type Mode = 'blocking' | 'streaming';
 type Topology = 'single' | 'split';
 type QueueKind = 'redis' | 'postgres';
 type KeelRole = 'all' | 'api' | 'worker';
@@ -149,6 +164,9 @@ type Measurement = {
   tasksPerSecond: number;
   p50: number;
   p99: number;
+  /** Streaming: the time from sending to the stream's first event, over the successes. */
+  firstEventP50?: number;
+  firstEventP99?: number;
   errors: number;
   errorKinds: Record<string, number>;
   /** How many server origins the clients were spread over. */
@@ -197,6 +215,7 @@ type StartedProcess = { role: KeelRole; port: number; readyMs: number };
 type TargetResult = {
   id: string;
   kind: TargetKind;
+  mode: Mode;
   /** 'SDK in-memory', 'SDK Postgres', 'Keel'. */
   target: string;
   /** '1 process', 'single', 'split'. */
@@ -232,6 +251,7 @@ const concurrencies = knobs.list('BENCH_CONCURRENCY', '32').map((item) => {
   if (!Number.isInteger(value) || value < 1) fail(`BENCH_CONCURRENCY: "${item}" is not a positive integer`);
   return value;
 });
+const modes = knobs.choices<Mode>('BENCH_MODE', 'blocking', ['blocking', 'streaming']);
 const targetKinds = knobs.choices<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
 const topologies = knobs.choices<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
 const keelQueues = knobs.choices<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
@@ -282,8 +302,11 @@ function judge(statusCode: number, raw: string, text: string): string | null {
   return 'error' in judged ? judged.error : null;
 }
 
+/** A request's judgement (null = success), its latency in ms and, streaming, the ms to its first event. */
+type Outcome = { error: string | null; ms: number; firstEventMs?: number };
+
 /** One blocking SendMessage; the answer's judgement (null = success) and its latency in ms. */
-async function sendOne(pool: Pool, path: string, headers: Record<string, string>): Promise<{ error: string | null; ms: number }> {
+async function sendOne(pool: Pool, path: string, headers: Record<string, string>): Promise<Outcome> {
   const id = ++requestSequence;
   const text = `hi ${id}`;
   const body = sendMessageBody(id, text);
@@ -298,13 +321,118 @@ async function sendOne(pool: Pool, path: string, headers: Record<string, string>
   }
 }
 
+const TERMINAL_STATES: ReadonlySet<TaskState> = new Set([TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED]);
+
 /**
- * What the load needs to know of a target: where to send, with which headers, its database (if any)
+ * The official client for one server origin, reading the agent card at `cardPath` as any remote
+ * client would (once, with the SDK's own card resolver), its A2A requests sent through `pool` (so
+ * the pool's statistics see them, and each request has a connection of its own) with the target's
+ * authorization header.
+ */
+async function streamingClient(origin: string, cardPath: string, headers: Record<string, string>, pool: Pool): Promise<Client> {
+  const authorization = headers.authorization;
+  const fetchImpl = ((input: string | URL, init?: RequestInit) => {
+    const merged: Record<string, string> = Object.fromEntries(new Headers(init?.headers));
+    if (authorization) merged.authorization = authorization;
+    return undiciFetch(input, { ...(init as Parameters<typeof undiciFetch>[1]), headers: merged, dispatcher: pool });
+  }) as unknown as typeof fetch;
+  const factory = new ClientFactory(
+    ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl })], preferredTransports: ['JSONRPC'] }),
+  );
+  return factory.createFromUrl(`${origin}${cardPath}`, '');
+}
+
+/**
+ * One SendStreamingMessage through the official client, read to its end: a success is a stream
+ * whose last state is COMPLETED and that carried the echo artifact's text; its latency is the
+ * stream's end, and the first event's time is kept apart.
+ */
+async function streamOne(client: Client): Promise<Outcome> {
+  const id = ++requestSequence;
+  const text = `hi ${id}`;
+  const expected = `echo: ${text}`;
+  const request = SendMessageRequest.fromJSON(sendMessageParams(text));
+  const started = performance.now();
+  let firstEventMs: number | undefined;
+  let state: TaskState | undefined;
+  let echoed = false;
+  let events = 0;
+  const hasEcho = (parts: readonly { content?: { $case: string; value?: unknown } }[] | undefined) =>
+    (parts ?? []).some((part) => part.content?.$case === 'text' && part.content.value === expected);
+  const read = (event: StreamResponse) => {
+    const payload = event.payload;
+    if (payload?.$case === 'task') {
+      state = payload.value.status?.state;
+      if (payload.value.artifacts.some((artifact) => hasEcho(artifact.parts))) echoed = true;
+    } else if (payload?.$case === 'statusUpdate') {
+      state = payload.value.status?.state;
+    } else if (payload?.$case === 'artifactUpdate') {
+      if (hasEcho(payload.value.artifact?.parts)) echoed = true;
+    }
+  };
+  // A signal of the stream's own, aborted with `interrupted`. Not `interrupted.signal` itself: its
+  // listener limit is 0 (unlimited), and undici's fetch asks Node's getMaxListeners of it, which
+  // throws on Node 20 for a limit of 0. Nor one signal shared by every stream: undici removes its
+  // listener from a request's signal only when the request is garbage-collected, so a shared one
+  // gathered thousands of them (MaxListenersExceededWarning, and the load generator slowed).
+  const abort = new AbortController();
+  const onInterrupt = () => abort.abort(interrupted.signal.reason);
+  interrupted.signal.addEventListener('abort', onInterrupt, { once: true });
+  try {
+    for await (const event of client.sendMessageStream(request, { signal: abort.signal })) {
+      firstEventMs ??= performance.now() - started;
+      events += 1;
+      read(event);
+    }
+  } catch (error) {
+    // fetch's own failures ("fetch failed") say what happened in their cause.
+    const cause = (error as { cause?: { code?: string; message?: string } }).cause;
+    const reason = `${(error as Error).message}${cause ? ` (${cause.code ?? cause.message})` : ''}`;
+    return { error: `stream failed: ${reason.slice(0, 100)}`, ms: performance.now() - started };
+  } finally {
+    interrupted.signal.removeEventListener('abort', onInterrupt);
+  }
+  const ms = performance.now() - started;
+  const name = state === undefined ? '(none)' : TaskState[state];
+  let error: string | null = null;
+  if (events === 0) error = 'stream ended without an event';
+  else if (state !== TaskState.TASK_STATE_COMPLETED) error = state !== undefined && TERMINAL_STATES.has(state) ? `task state ${name}` : `stream ended in state ${name}`;
+  else if (!echoed) error = 'completed without the expected artifact text';
+  return { error, ms, ...(firstEventMs !== undefined ? { firstEventMs } : {}) };
+}
+
+/** One sender per pool (pool i talks to origin i): a blocking SendMessage, or a stream through the official client. */
+async function senders(target: LoadTarget, pools: readonly Pool[]): Promise<(() => Promise<Outcome>)[]> {
+  if (target.mode === 'blocking') return pools.map((pool) => () => sendOne(pool, target.path, target.headers));
+  return Promise.all(
+    pools.map(async (pool, index) => {
+      const client = await streamingClient(target.origins[index]!, target.cardPath, target.headers, pool);
+      return () => streamOne(client);
+    }),
+  );
+}
+
+/** The pools for `concurrency` clients of the target (clientPools) and a sender for each pool; the pools are closed again when a sender cannot be made. */
+async function openClients(target: LoadTarget, concurrency: number): Promise<{ pools: Pool[]; send: (() => Promise<Outcome>)[] }> {
+  const pools = clientPools(target.origins, concurrency);
+  try {
+    return { pools, send: await senders(target, pools) };
+  } catch (error) {
+    await Promise.all(pools.map((pool) => pool.close().catch(() => undefined)));
+    throw error;
+  }
+}
+
+/**
+ * What the load needs to know of a target: the mode, where to send, with which headers, its database (if any)
  * to watch, and (BENCH_CPU) the pids of its processes by group ('keel api': [...], redis: [...]).
  */
 type LoadTarget = {
+  mode: Mode;
   origins: string[];
   path: string;
+  /** The agent card's path on each origin (the streaming mode's client reads it). */
+  cardPath: string;
   headers: Record<string, string>;
   databaseName?: string;
   processes?: Record<string, number[]>;
@@ -391,14 +519,14 @@ function clientPools(origins: readonly string[], concurrency: number): Pool[] {
  */
 async function warmServer(target: LoadTarget): Promise<number> {
   if (serverWarmupSeconds === 0) return 0;
-  const pools = clientPools(target.origins, SERVER_WARMUP_CONCURRENCY);
-  const until = performance.now() + serverWarmupSeconds * 1000;
+  const { pools, send } = await openClients(target, SERVER_WARMUP_CONCURRENCY);
   let requests = 0;
   let errors = 0;
+  const until = performance.now() + serverWarmupSeconds * 1000;
   const client = async (index: number) => {
-    const pool = pools[index % pools.length]!;
+    const sendOne = send[index % pools.length]!;
     while (!interrupted.signal.aborted && performance.now() < until) {
-      const { error } = await sendOne(pool, target.path, target.headers);
+      const { error } = await sendOne();
       requests += 1;
       if (error !== null) errors += 1;
     }
@@ -418,8 +546,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   // connections as it has clients, no pipelining, so `concurrency` requests are truly in flight at
   // once (undici's default Agent, and fetch, would cap nothing here either, but a pool sized by hand
   // makes it visible: peakInFlight, peakQueued and peakConnections below).
-  const { path, headers } = target;
-  const pools = clientPools(target.origins, concurrency);
+  const { pools, send } = await openClients(target, concurrency);
   const probe = target.databaseName ? await DatabaseProbe.open(target.databaseName) : null;
   // BENCH_CPU: the span is the measured window; its tasks, the successes completed in the span.
   const successTimes: number[] = [];
@@ -456,6 +583,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   };
   const cap = setTimeout(() => openWindow(performance.now()), warmupSeconds * 1000 + MAX_WARMUP_EXTENSION_MS);
   const latencies: number[] = [];
+  const firstEvents: number[] = [];
   const errorKinds: Record<string, number> = {};
   let errors = 0;
   let requests = 0;
@@ -463,10 +591,10 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   let peakQueued = 0;
   let peakConnections = 0;
   const client = async (index: number) => {
-    const pool = pools[index % pools.length]!;
+    const sendOne = send[index % pools.length]!;
     let answered = false;
     while (!interrupted.signal.aborted && performance.now() < windowEnd) {
-      const { error, ms } = await sendOne(pool, path, headers);
+      const { error, ms, firstEventMs } = await sendOne();
       requests += 1;
       const finished = performance.now();
       if (!answered) {
@@ -480,6 +608,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       if (finished < windowStart || finished > windowEnd) continue;
       if (error === null) {
         latencies.push(ms);
+        if (firstEventMs !== undefined) firstEvents.push(firstEventMs);
       } else {
         errors += 1;
         errorKinds[error] = (errorKinds[error] ?? 0) + 1;
@@ -527,6 +656,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
   }
   throwIfInterrupted();
   latencies.sort((a, b) => a - b);
+  firstEvents.sort((a, b) => a - b);
   return {
     requests,
     measurement: {
@@ -538,6 +668,7 @@ async function measure(target: LoadTarget, concurrency: number, round: number): 
       tasksPerSecond: latencies.length / seconds,
       p50: percentile(latencies, 50),
       p99: percentile(latencies, 99),
+      ...(target.mode === 'streaming' ? { firstEventP50: percentile(firstEvents, 50), firstEventP99: percentile(firstEvents, 99) } : {}),
       errors,
       errorKinds,
       origins: target.origins.length,
@@ -583,6 +714,7 @@ async function runLoad(result: TargetResult, target: LoadTarget): Promise<number
       measurement.peakBackends !== undefined ? `≤ ${measurement.peakBackends} db connections` : null,
       `client side ≤ ${measurement.peakInFlight} in flight on ${measurement.peakConnections} connections${measurement.peakQueued > 0 ? `, ≤ ${measurement.peakQueued} queued` : ''}`,
     ].filter((item) => item !== null);
+    if (measurement.firstEventP50 !== undefined) extra.unshift(`first event p50 ${ms(measurement.firstEventP50)} ms`);
     if (measurement.warmupSeconds > warmupSeconds + 0.05) extra.push(`warm-up ${fmt(measurement.warmupSeconds)} s, until every client's first answer`);
     process.stderr.write(` ${fmt(measurement.tasksPerSecond)} tasks/s, ${measurement.errors} errors (${extra.join(', ')})\n`);
     if (measurement.cpu) {
@@ -895,6 +1027,7 @@ function cpuText(cpu: CpuPerTask): string {
 // ---------------------------------------------------------------------------------------------
 // The targets.
 
+const SDK_CARD_PATH = '/.well-known/agent-card.json';
 const sdkServerScript = fileURLToPath(new URL('./sdk-echo-server.ts', import.meta.url));
 const a2aDbScript = fileURLToPath(new URL('../node_modules/@a2a-js/sdk/dist/cli/a2a_db.js', import.meta.url));
 
@@ -927,7 +1060,7 @@ function sdkProcesses(child: ManagedChild): Record<string, number[]> {
 async function benchSdkMemory(result: TargetResult): Promise<void> {
   const { child, origin } = await startSdkServer('memory');
   try {
-    await runLoad(result, { origins: [origin], path: '/', headers: A2A_HEADERS, processes: sdkProcesses(child) });
+    await runLoad(result, { mode: result.mode, origins: [origin], path: '/', cardPath: SDK_CARD_PATH, headers: A2A_HEADERS, processes: sdkProcesses(child) });
   } finally {
     await child.stop();
   }
@@ -946,8 +1079,10 @@ async function benchSdkPostgres(result: TargetResult): Promise<void> {
       before = await databaseCounters(databaseName(databaseUrl));
       const statementsBefore = await sdkStatements(origin);
       requests = await runLoad(result, {
+        mode: result.mode,
         origins: [origin],
         path: '/',
+        cardPath: SDK_CARD_PATH,
         headers: A2A_HEADERS,
         databaseName: databaseName(databaseUrl),
         processes: sdkProcesses(child),
@@ -1058,8 +1193,10 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         }
       }
       requests = await runLoad(result, {
+        mode: result.mode,
         origins: apis.map((api) => api.origin),
         path: '/a2a/echo',
+        cardPath: '/a2a/echo/.well-known/agent-card.json',
         headers,
         databaseName: databaseName(databaseUrl),
         ...(processes ? { processes } : {}),
@@ -1118,29 +1255,35 @@ type TargetPlan = { result: TargetResult; run: () => Promise<void> };
 /** Every (target, topology, queue) to measure, in the order they run in each round. */
 function plan(): TargetPlan[] {
   const plans: TargetPlan[] = [];
-  const make = (id: string, kind: TargetKind, target: string, topology: string, queue: QueueKind | null): TargetResult => ({
-    id,
-    kind,
-    target,
-    topology,
-    queue,
-    measurements: [],
-    startups: [],
-    notes: [],
-  });
-  if (targetKinds.includes('sdk-memory')) {
-    const result = make('sdk-memory', 'sdk-memory', 'SDK in-memory', '1 process', null);
-    plans.push({ result, run: () => benchSdkMemory(result) });
-  }
-  if (targetKinds.includes('sdk-postgres')) {
-    const result = make('sdk-postgres', 'sdk-postgres', 'SDK Postgres', '1 process', null);
-    plans.push({ result, run: () => benchSdkPostgres(result) });
-  }
-  if (targetKinds.includes('keel')) {
-    for (const queue of keelQueues) {
-      for (const topology of topologies) {
-        const result = make(`keel-${topology}-${queue}`, 'keel', 'Keel', topology, queue);
-        plans.push({ result, run: () => benchKeel(result, topology, queue) });
+  for (const mode of modes) {
+    // The blocking mode's ids are those from before the streaming mode existed.
+    const suffix = mode === 'blocking' ? '' : `-${mode}`;
+    const make = (id: string, kind: TargetKind, target: string, topology: string, queue: QueueKind | null): TargetResult => ({
+      id: `${id}${suffix}`,
+      kind,
+      mode,
+      target,
+      topology,
+      queue,
+      measurements: [],
+      startups: [],
+      notes: [],
+    });
+    if (targetKinds.includes('sdk-memory')) {
+      const result = make('sdk-memory', 'sdk-memory', 'SDK in-memory', '1 process', null);
+      plans.push({ result, run: () => benchSdkMemory(result) });
+    }
+    // Streaming is compared with the in-memory server only (the header says why).
+    if (targetKinds.includes('sdk-postgres') && mode === 'blocking') {
+      const result = make('sdk-postgres', 'sdk-postgres', 'SDK Postgres', '1 process', null);
+      plans.push({ result, run: () => benchSdkPostgres(result) });
+    }
+    if (targetKinds.includes('keel')) {
+      for (const queue of keelQueues) {
+        for (const topology of topologies) {
+          const result = make(`keel-${topology}-${queue}`, 'keel', 'Keel', topology, queue);
+          plans.push({ result, run: () => benchKeel(result, topology, queue) });
+        }
       }
     }
   }
@@ -1148,7 +1291,8 @@ function plan(): TargetPlan[] {
 }
 
 function rowLabel(result: TargetResult): string {
-  return result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue)` : result.target;
+  const label = result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue)` : result.target;
+  return result.mode === 'blocking' ? label : `${label}, ${result.mode}`;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1169,6 +1313,9 @@ type Summary = {
   max: number;
   p50: number;
   p99: number;
+  /** Streaming: the medians over the rounds of the time to the first event. */
+  firstEventP50?: number;
+  firstEventP99?: number;
   errors: number;
   rounds: number;
   commitsPerRequest?: number;
@@ -1196,6 +1343,7 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
   const statements = runs.flatMap((m) => (m.statementsPerRequest === undefined ? [] : [m.statementsPerRequest]));
   const backends = runs.flatMap((m) => (m.peakBackends === undefined ? [] : [m.peakBackends]));
   const cpuRuns = runs.flatMap((m) => (m.cpu ? [cpuPerTask(m.cpu)] : []));
+  const firstEvents = runs.flatMap((m) => (m.firstEventP50 === undefined ? [] : [{ p50: m.firstEventP50, p99: m.firstEventP99! }]));
   let cpu: CpuPerTask | undefined;
   if (cpuRuns.length > 0) {
     const names = [...new Set(cpuRuns.flatMap((run) => Object.keys(run.msPerTask)))].sort((a, b) => cpuGroupRank(a) - cpuGroupRank(b));
@@ -1211,6 +1359,7 @@ function summarize(result: TargetResult | undefined, concurrency: number): Summa
     max: Math.max(...rates),
     p50: median(runs.map((m) => m.p50)),
     p99: median(runs.map((m) => m.p99)),
+    ...(firstEvents.length > 0 ? { firstEventP50: median(firstEvents.map((item) => item.p50)), firstEventP99: median(firstEvents.map((item) => item.p99)) } : {}),
     errors: runs.reduce((sum, m) => sum + m.errors, 0),
     rounds: runs.length,
     ...(commits.length > 0 ? { commitsPerRequest: median(commits) } : {}),
@@ -1237,6 +1386,8 @@ type Row = {
   /** Keel only, with rounds: the same ratios within each round, where both were measured minutes apart. */
   roundRatiosSdkPostgres?: number[];
   roundRatiosSdkMemory?: number[];
+  /** Keel, streaming: its first-event p50 ÷ the SDK in-memory server's (lower is better). */
+  firstEventRatioSdkMemory?: number;
 };
 
 function rows(results: TargetResult[]): Row[] {
@@ -1261,6 +1412,11 @@ function rows(results: TargetResult[]): Row[] {
         const inMemory = ratio(summary.tasksPerSecond, sdkRate('sdk-memory', concurrency));
         if (onPostgres !== undefined) row.ratioSdkPostgres = onPostgres;
         if (inMemory !== undefined) row.ratioSdkMemory = inMemory;
+        const sdkFirstEvent = summarize(results.find((other) => other.kind === 'sdk-memory'), concurrency)?.firstEventP50;
+        if (summary.firstEventP50 !== undefined && !Number.isNaN(summary.firstEventP50)) {
+          const firstEvent = ratio(summary.firstEventP50, sdkFirstEvent);
+          if (firstEvent !== undefined) row.firstEventRatioSdkMemory = firstEvent;
+        }
         if (rounds > 1) {
           row.roundRatiosSdkPostgres = roundRatios(result, 'sdk-postgres', concurrency);
           row.roundRatiosSdkMemory = roundRatios(result, 'sdk-memory', concurrency);
@@ -1291,26 +1447,12 @@ function table(header: string[], body: string[][], leftColumns: number): string[
   return [line(header), ...body.map((cells) => (cells.length === 0 ? '' : line(cells)))];
 }
 
-function report(results: TargetResult[], postgres: PostgresInfo): void {
-  const lines: string[] = [];
-  const anyKeel = results.some((result) => result.kind === 'keel');
-  lines.push('');
-  lines.push('bench:a2a — blocking SendMessage over JSON-RPC, echo agent, a new task per request');
-  lines.push(machineLine(postgres.version));
-  lines.push(postgresLine(postgres));
-  lines.push(
-    `load: ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s of server warm-up at concurrency ${SERVER_WARMUP_CONCURRENCY} per target, then ` : ''}${warmupSeconds} s warm-up (longer until every client has had its first answer) + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
-      `one target at a time, each in processes of its own; load generator, servers, Postgres${keelQueues.includes('redis') ? ' and Redis' : ''} share the machine; ` +
-      `SDK pg pool: ${sdkPoolSize}${anyKeel ? `; Keel auth: ${keelAuthMode}` : ''}`,
-  );
-  lines.push('success = a COMPLETED task carrying the expected artifact text; latency percentiles over successes; errors summed over rounds');
-  if (anyKeel) {
-    lines.push(`Keel topologies: ${topologies.map((topology) => `${topology} = ${TOPOLOGY_DESCRIPTION[topology]}`).join('; ')}${topologies.includes('split') ? ' (clients round-robin over the APIs)' : ''}`);
-  }
-  lines.push('');
-
-  const all = rows(results);
-  const header = ['conc', 'target', 'topology', 'queue', 'tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem', 'stmts/req', 'commits/req'];
+/**
+ * A mode's table, a row per target and concurrency: who, then the mode's `columns`, then the
+ * statements and commits per request, the CPU per task (BENCH_CPU) and the tasks/s range (rounds).
+ */
+function resultTable(all: Row[], columns: string[], cellsOf: (row: Row, summary: Summary) => string[]): string[] {
+  const header = ['conc', 'target', 'topology', 'queue', ...columns, 'stmts/req', 'commits/req'];
   if (cpuEnabled) header.push('CPU ms/task');
   if (rounds > 1) header.push('range');
   const body: string[][] = [];
@@ -1325,12 +1467,7 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
       }
       const cells = [
         ...lead,
-        fmt(m.tasksPerSecond),
-        ms(m.p50),
-        ms(m.p99),
-        String(m.errors),
-        row.ratioSdkPostgres === undefined ? '-' : `${fmt(row.ratioSdkPostgres, 2)}×`,
-        row.ratioSdkMemory === undefined ? '-' : `${fmt(row.ratioSdkMemory, 2)}×`,
+        ...cellsOf(row, m),
         m.statementsPerRequest === undefined ? '-' : fmt(m.statementsPerRequest, 2),
         m.commitsPerRequest === undefined ? '-' : fmt(m.commitsPerRequest, 2),
       ];
@@ -1339,7 +1476,47 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
       body.push(cells);
     }
   }
-  lines.push(...table(header, body, 4));
+  return table(header, body, 4);
+}
+
+const ratioCell = (value: number | undefined) => (value === undefined ? '-' : `${fmt(value, 2)}×`);
+
+/** The run's description under a section's title: machine, Postgres, load, what counts as a success, Keel's topologies. */
+function runLines(results: TargetResult[], postgres: PostgresInfo, success: string): string[] {
+  const lines: string[] = [];
+  const anyKeel = results.some((result) => result.kind === 'keel');
+  lines.push(machineLine(postgres.version));
+  lines.push(postgresLine(postgres));
+  lines.push(
+    `load: ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s of server warm-up at concurrency ${SERVER_WARMUP_CONCURRENCY} per target, then ` : ''}${warmupSeconds} s warm-up (longer until every client has had its first answer) + ${seconds} s measured per target and concurrency${rounds > 1 ? `, ${rounds} rounds (figures are medians; range = tasks/s min–max)` : ''}; ` +
+      `one target at a time, each in processes of its own; load generator, servers, Postgres${keelQueues.includes('redis') ? ' and Redis' : ''} share the machine; ` +
+      `SDK pg pool: ${sdkPoolSize}${anyKeel ? `; Keel auth: ${keelAuthMode}` : ''}`,
+  );
+  lines.push(success);
+  if (anyKeel) {
+    lines.push(`Keel topologies: ${topologies.map((topology) => `${topology} = ${TOPOLOGY_DESCRIPTION[topology]}`).join('; ')}${topologies.includes('split') ? ' (clients round-robin over the APIs)' : ''}`);
+  }
+  return lines;
+}
+
+function blockingSection(results: TargetResult[], postgres: PostgresInfo): string[] {
+  const lines: string[] = [];
+  lines.push('');
+  lines.push('bench:a2a — blocking SendMessage over JSON-RPC, echo agent, a new task per request');
+  lines.push(...runLines(results, postgres, 'success = a COMPLETED task carrying the expected artifact text; latency percentiles over successes; errors summed over rounds'));
+  lines.push('');
+
+  const all = rows(results);
+  lines.push(
+    ...resultTable(all, ['tasks/s', 'p50 ms', 'p99 ms', 'errors', '÷SDK-PG', '÷SDK-mem'], (row, m) => [
+      fmt(m.tasksPerSecond),
+      ms(m.p50),
+      ms(m.p99),
+      String(m.errors),
+      ratioCell(row.ratioSdkPostgres),
+      ratioCell(row.ratioSdkMemory),
+    ]),
+  );
   lines.push('');
   lines.push('÷SDK-PG, ÷SDK-mem: Keel tasks/s ÷ the SDK server on Postgres / in memory at the same concurrency in this run (targets, docs/performance.md: ≥ 3× and ≥ 0.5×)');
   const perRound = all.filter((row) => (row.roundRatiosSdkMemory?.length ?? 0) + (row.roundRatiosSdkPostgres?.length ?? 0) > 0);
@@ -1358,6 +1535,13 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
     lines.push('stmts/req: the statements the server ran over the same phase ÷ the same requests: Keel\'s top-level statements as pg_stat_statements counts them');
     lines.push('  (BEGIN, COMMIT, queue polling and sweeps too; tracked in Keel\'s database only), the SDK store\'s from its own counter');
   }
+  lines.push(...cpuLines(all));
+  return lines;
+}
+
+/** BENCH_CPU: each row's CPU per task, by process group. */
+function cpuLines(all: Row[]): string[] {
+  const lines: string[] = [];
   const withCpu = all.filter((row) => row.summary?.cpu);
   if (withCpu.length > 0) {
     lines.push('');
@@ -1370,6 +1554,53 @@ function report(results: TargetResult[], postgres: PostgresInfo): void {
     const width = Math.max(...labels.map((label) => label.length));
     withCpu.forEach((row, index) => lines.push(`  ${labels[index]!.padEnd(width)}  ${cpuText(row.summary!.cpu!)}`));
   }
+  return lines;
+}
+
+/** The streaming mode's table: streams completed a second, time to the first event and to the end, Keel ÷ the SDK in-memory server. */
+function streamingSection(results: TargetResult[], postgres: PostgresInfo, alone: boolean): string[] {
+  const lines: string[] = [];
+  lines.push('');
+  lines.push('bench:a2a — streaming: SendStreamingMessage over JSON-RPC through the official @a2a-js/sdk client (sendMessageStream), echo agent, a new task per stream');
+  const success = 'success = a stream whose last state is COMPLETED and that carried the expected artifact text; first event = sending to the first event read; end = to the stream\'s end; percentiles over successes';
+  if (alone) lines.push(...runLines(results, postgres, success));
+  else lines.push(success);
+  lines.push('');
+  const all = rows(results);
+  lines.push(
+    ...resultTable(all, ['tasks/s', 'first p50 ms', 'first p99 ms', 'end p50 ms', 'end p99 ms', 'errors', '÷SDK-mem', 'first p50 ÷SDK-mem'], (row, m) => [
+      fmt(m.tasksPerSecond),
+      ms(m.firstEventP50 ?? Number.NaN),
+      ms(m.firstEventP99 ?? Number.NaN),
+      ms(m.p50),
+      ms(m.p99),
+      String(m.errors),
+      ratioCell(row.ratioSdkMemory),
+      ratioCell(row.firstEventRatioSdkMemory),
+    ]),
+  );
+  lines.push('');
+  lines.push('÷SDK-mem: Keel streams completed a second ÷ the SDK in-memory server\'s at the same concurrency in this run; first p50 ÷SDK-mem: Keel\'s time to the first event ÷ the SDK\'s (lower is better)');
+  const perRound = all.filter((row) => (row.roundRatiosSdkMemory?.length ?? 0) > 0);
+  if (perRound.length > 0) {
+    lines.push('  ÷SDK-mem round by round (each round measures every target once, in rotation), then its median:');
+    for (const row of perRound) {
+      const ratios = row.roundRatiosSdkMemory!;
+      lines.push(`  ${row.concurrency}  ${row.target} ${row.topology}${row.queue ? ` (${row.queue} queue)` : ''}: ${ratios.map((value) => `${fmt(value, 2)}×`).join(', ')} (median ${fmt(median(ratios), 2)}×)`);
+    }
+  }
+  lines.push(...cpuLines(all));
+  return lines;
+}
+
+function report(results: TargetResult[], postgres: PostgresInfo): void {
+  const lines: string[] = [];
+  const blocking = results.filter((result) => result.mode === 'blocking');
+  const streaming = results.filter((result) => result.mode === 'streaming');
+  if (blocking.length > 0) lines.push(...blockingSection(blocking, postgres));
+  if (streaming.length > 0) lines.push(...streamingSection(streaming, postgres, blocking.length === 0));
+  // Each mode's rows compare with that mode's SDK figures only.
+  const all = [...rows(blocking), ...rows(streaming)];
 
   // Each client has a connection of its own: fewer connections than clients, or a request queued for
   // one, means the load generator (not the server) held requests back.
@@ -1455,6 +1686,40 @@ function firstLine(text: string): string {
 function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<string, unknown> {
   const round2 = (value: number | undefined) => (value === undefined || Number.isNaN(value) ? null : Math.round(value * 100) / 100);
   const round3 = (value: number | undefined) => (value === undefined || Number.isNaN(value) ? null : Math.round(value * 1000) / 1000);
+  const rowJson = (row: Row) => ({
+    target: row.target,
+    topology: row.topology,
+    queue: row.queue,
+    concurrency: row.concurrency,
+    ...(row.summary
+      ? {
+          tasksPerSecond: round2(row.summary.tasksPerSecond),
+          p50Ms: round2(row.summary.p50),
+          p99Ms: round2(row.summary.p99),
+          ...(row.summary.firstEventP50 !== undefined ? { firstEventP50Ms: round2(row.summary.firstEventP50), firstEventP99Ms: round2(row.summary.firstEventP99) } : {}),
+          errors: row.summary.errors,
+          rounds: row.summary.rounds,
+          ...(rounds > 1 ? { tasksPerSecondMin: round2(row.summary.min), tasksPerSecondMax: round2(row.summary.max) } : {}),
+          ratioSdkPostgres: round2(row.ratioSdkPostgres),
+          ratioSdkMemory: round2(row.ratioSdkMemory),
+          ...(row.firstEventRatioSdkMemory !== undefined ? { firstEventRatioSdkMemory: round2(row.firstEventRatioSdkMemory) } : {}),
+          ...(row.roundRatiosSdkMemory ? { roundRatiosSdkPostgres: row.roundRatiosSdkPostgres!.map(round2), roundRatiosSdkMemory: row.roundRatiosSdkMemory.map(round2) } : {}),
+          statementsPerRequest: round2(row.summary.statementsPerRequest),
+          commitsPerRequest: round2(row.summary.commitsPerRequest),
+          ...(row.summary.cpu
+            ? {
+                cpuMsPerTask: Object.fromEntries(Object.entries(row.summary.cpu.msPerTask).map(([name, value]) => [name, round3(value)])),
+                cpuMsPerTaskTotal: round3(row.summary.cpu.total),
+                cpuCoresBusy: round2(row.summary.cpu.coresBusy),
+              }
+            : {}),
+          peakDatabaseConnections: row.summary.peakBackends ?? null,
+          peakInFlight: row.summary.peakInFlight,
+          peakQueuedClientSide: row.summary.peakQueued,
+          clientConnections: row.summary.peakConnections,
+        }
+      : { unavailable: row.unavailable ?? 'not measured' }),
+  });
   return {
     bench: 'a2a',
     date: new Date().toISOString(),
@@ -1472,43 +1737,15 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
       keelAuth: keelAuthMode,
       sdkPoolSize,
       cpu: cpuEnabled,
+      ...(modes.includes('streaming') ? { modes } : {}),
       ...(keelNodeArgs.length > 0 ? { keelNodeArgs } : {}),
       ...(logStatements ? { logStatements } : {}),
     },
-    rows: rows(results).map((row) => ({
-      target: row.target,
-      topology: row.topology,
-      queue: row.queue,
-      concurrency: row.concurrency,
-      ...(row.summary
-        ? {
-            tasksPerSecond: round2(row.summary.tasksPerSecond),
-            p50Ms: round2(row.summary.p50),
-            p99Ms: round2(row.summary.p99),
-            errors: row.summary.errors,
-            rounds: row.summary.rounds,
-            ...(rounds > 1 ? { tasksPerSecondMin: round2(row.summary.min), tasksPerSecondMax: round2(row.summary.max) } : {}),
-            ratioSdkPostgres: round2(row.ratioSdkPostgres),
-            ratioSdkMemory: round2(row.ratioSdkMemory),
-            ...(row.roundRatiosSdkMemory ? { roundRatiosSdkPostgres: row.roundRatiosSdkPostgres!.map(round2), roundRatiosSdkMemory: row.roundRatiosSdkMemory.map(round2) } : {}),
-            statementsPerRequest: round2(row.summary.statementsPerRequest),
-            commitsPerRequest: round2(row.summary.commitsPerRequest),
-            ...(row.summary.cpu
-              ? {
-                  cpuMsPerTask: Object.fromEntries(Object.entries(row.summary.cpu.msPerTask).map(([name, value]) => [name, round3(value)])),
-                  cpuMsPerTaskTotal: round3(row.summary.cpu.total),
-                  cpuCoresBusy: round2(row.summary.cpu.coresBusy),
-                }
-              : {}),
-            peakDatabaseConnections: row.summary.peakBackends ?? null,
-            peakInFlight: row.summary.peakInFlight,
-            peakQueuedClientSide: row.summary.peakQueued,
-            clientConnections: row.summary.peakConnections,
-          }
-        : { unavailable: row.unavailable ?? 'not measured' }),
-    })),
+    rows: rows(results.filter((result) => result.mode === 'blocking')).map(rowJson),
+    ...(modes.includes('streaming') ? { streamingRows: rows(results.filter((result) => result.mode === 'streaming')).map(rowJson) } : {}),
     targets: results.map((result) => ({
       id: result.id,
+      ...(result.mode !== 'blocking' ? { mode: result.mode } : {}),
       target: result.target,
       topology: result.topology,
       queue: result.queue,
@@ -1530,6 +1767,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
         ...m,
         p50: round2(m.p50),
         p99: round2(m.p99),
+        ...(m.firstEventP50 !== undefined ? { firstEventP50: round2(m.firstEventP50), firstEventP99: round2(m.firstEventP99) } : {}),
         statementsPerRequest: round2(m.statementsPerRequest),
         commitsPerRequest: round2(m.commitsPerRequest),
         ...(m.cpu
@@ -1593,7 +1831,7 @@ async function measureAll(): Promise<number> {
   });
   const keelNote = targetKinds.includes('keel') ? `; Keel topologies ${topologies.join(', ')} on queue ${keelQueues.join(', ')}, auth ${keelAuthMode}` : '';
   console.error(
-    `bench:a2a: targets ${targetKinds.join(', ')}; concurrency ${concurrencies.join(', ')}; ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s server warm-up, then ` : ''}${warmupSeconds} s warm-up + ${seconds} s each` +
+    `bench:a2a: targets ${targetKinds.join(', ')}${modes.includes('streaming') ? `; modes ${modes.join(', ')}` : ''}; concurrency ${concurrencies.join(', ')}; ${serverWarmupSeconds > 0 ? `${serverWarmupSeconds} s server warm-up, then ` : ''}${warmupSeconds} s warm-up + ${seconds} s each` +
       `${rounds > 1 ? `; ${rounds} rounds` : ''}${keelNote}; Postgres ${postgres.kind} (max_connections ${postgres.maxConnections}, ${postgres.transport})`,
   );
   if (postgres.kind === 'machine' && targetKinds.includes('keel') && topologies.includes('split') && keelQueues.includes('postgres') && postgres.maxConnections < 300) {

@@ -107,9 +107,15 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
       // client can use a stream's connection again before the stream has ended. Longer than the
       // idle time of undici's pool (4 s), which closes such a connection first.
       // (The socket as it was at the start: a response detaches from it once it finished.)
+      // "No request came" is no byte received since the stream ended, not "no request in progress
+      // when the time is up": a client sending request after request on the connection is between
+      // two of them now and then, and one just sent would be cut off with the connection
+      // (ECONNRESET; bench:a2a's streaming mode). Its next idle time is the server keep-alive's.
       const closeConnection = () => {
+        const bytesReadAtEnd = connection?.bytesRead ?? 0;
         const timer = setTimeout(() => {
-          if (connection && !connection.destroyed && !(connection as { _httpMessage?: unknown })._httpMessage) connection.destroy();
+          if (!connection || connection.destroyed || connection.bytesRead !== bytesReadAtEnd) return;
+          if (!(connection as { _httpMessage?: unknown })._httpMessage) connection.destroy();
         }, ENDED_STREAM_KEEP_ALIVE_MS);
         timer.unref();
       };
