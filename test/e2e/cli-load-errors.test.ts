@@ -4,8 +4,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { cleanEnv, REPO_ROOT, runKeel } from '../support/keel-process.js';
 import { tempDir } from '../support/test-keel.js';
 
-// A machine module with a typo, a tool module with a syntax error and one that throws while it is
-// imported: `keel doctor`, `keel start` and `keel machines <agent>` name each file:line:column,
+// A machine module with a typo, and tool modules with a syntax error, a throw while imported, an
+// import of an export that is not there and one of a package that is not installed: `keel doctor`, `keel start` and `keel machines <agent>` name each file:line:column,
 // the reason and the lines around it with a caret, every module at once. No database is needed:
 // each stops at the config's modules, before touching one.
 
@@ -49,11 +49,15 @@ const THROWS = [
   '',
 ].join('\n');
 
+const HELPER = "export const lookup = () => 42;\n";
+const MISSING_EXPORT = ["import { lookUp } from './helper.js';", '', 'export const tools = [lookUp];', ''].join('\n');
+const MISSING_PACKAGE = ["import { client } from 'keel-test-no-such-package';", '', 'export const tools = [client];', ''].join('\n');
+
 const env = () =>
   cleanEnv({
     KEEL_LOG_LEVEL: 'error',
     KEEL_PROVIDERS: JSON.stringify({ echo: { type: 'echo' } }),
-    KEEL_TOOL_MODULES: JSON.stringify([file('syntax.tools.ts'), file('throws.tools.ts')]),
+    KEEL_TOOL_MODULES: JSON.stringify([file('syntax.tools.ts'), file('throws.tools.ts'), file('export.tools.ts'), file('package.tools.ts')]),
     KEEL_AGENTS: JSON.stringify([
       { id: 'echo', name: 'Echo', provider: 'echo' },
       { id: 'typo', name: 'Typo', machine: file('typo.machine.ts') },
@@ -67,6 +71,9 @@ beforeAll(() => {
   writeFileSync(file('typo.machine.ts'), TYPO);
   writeFileSync(file('syntax.tools.ts'), SYNTAX);
   writeFileSync(file('throws.tools.ts'), THROWS);
+  writeFileSync(file('helper.ts'), HELPER);
+  writeFileSync(file('export.tools.ts'), MISSING_EXPORT);
+  writeFileSync(file('package.tools.ts'), MISSING_PACKAGE);
 });
 
 /** What a report must hold: the place and the reason, then the frame's line in error with a caret under the column. */
@@ -79,6 +86,9 @@ const report = (name: string, text: string, line: number, column: number, reason
 const machineReport = () => report('typo.machine.ts', TYPO, 6, 35, 'Expected identifier but found ","');
 const syntaxReport = () => report('syntax.tools.ts', SYNTAX, 8, 48, 'Expected "}" but found ")"');
 const throwsReport = () => report('throws.tools.ts', THROWS, 3, 34, 'Error: KEEL_TEST_NEVER_SET_URL is not set');
+const exportReport = () => report('export.tools.ts', MISSING_EXPORT, 1, 10, "SyntaxError: The requested module './helper.js' does not provide an export named 'lookUp'");
+const packageReport = () => report('package.tools.ts', MISSING_PACKAGE, 1, 24, `Error: Cannot find package 'keel-test-no-such-package' imported from ${file('package.tools.ts')}`);
+const allReports = () => [machineReport(), syntaxReport(), throwsReport(), exportReport(), packageReport()];
 
 function expectReports(output: string, reports: Report[]) {
   const lines = output.split('\n');
@@ -101,18 +111,18 @@ describe('a module that cannot be loaded', () => {
   it('keel doctor names every module: file:line:column, the reason and a code frame', async () => {
     const result = await keelCli('doctor');
     expect(result.code).toBe(2);
-    expect(result.stdout).toContain('FAIL  config     3 problem(s):');
+    expect(result.stdout).toContain('FAIL  config     5 problem(s):');
     expect(result.stdout).toContain(`- toolModules: ${file('syntax.tools.ts')}: cannot be loaded:`);
     expect(result.stdout).toContain(`- toolModules: ${file('throws.tools.ts')}: cannot be loaded:`);
     expect(result.stdout).toContain(`- agents.1 (typo): machine ${file('typo.machine.ts')} cannot be loaded:`);
-    expectReports(result.stdout, [machineReport(), syntaxReport(), throwsReport()]);
+    expectReports(result.stdout, allReports());
   });
 
   it('keel start stops with the same reports, all of them', async () => {
     const result = await keelCli('start');
     expect(result.code).toBe(2);
-    expect(result.stderr).toContain('start failed (agents): 3 problem(s):');
-    expectReports(result.stderr, [machineReport(), syntaxReport(), throwsReport()]);
+    expect(result.stderr).toContain('start failed (agents): 5 problem(s):');
+    expectReports(result.stderr, allReports());
   });
 
   it('keel machines <agent> names the machine\'s error the same way', async () => {
