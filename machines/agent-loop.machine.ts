@@ -52,7 +52,8 @@ export type LoopState = {
 
 export type LoopOutcome =
   | { kind: 'complete'; reason: CompletionReason; answer: string | null; presentation?: AnswerPresentation }
-  | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string }
+  /** statusText: the failed task's status message, where the run has one to give (a statechart step's error, at the levels that keep it). */
+  | { kind: 'fail'; reason: TerminationReason; detail: Record<string, unknown>; errorClass?: string; statusText?: string }
   /** dueAt: a statechart agent's timer that also runs while the run waits (docs/statechart-agents.md). */
   | { kind: 'suspend'; status: 'waiting_for_approval' | 'waiting_for_input' | 'waiting_for_dependency'; dueAt?: number }
   /** A statechart agent's durable timer: the run waits until dueAt. */

@@ -242,6 +242,7 @@ export class RunSettling {
       reason: outcome.reason,
       errorClass: outcome.errorClass ?? null,
       failureDetail: outcome.detail,
+      ...(outcome.statusText === undefined ? {} : { statusText: outcome.statusText }),
       totals,
       taskId: hand.run.task_id,
       hasOutputs: hand.storedOutputs > 0,

@@ -21,6 +21,7 @@ import {
   type StatechartHost,
   type StepOutcome,
 } from '../src/statecharts/statechart-run.js';
+import { errorClassOf, errorTextNotKept, errorTextSetting, stepFailureText } from '../src/statecharts/step-failure.js';
 import type { AskApprovalInput, AskInputInput, CallModelInput, CallRemoteAgentInput, CallToolInput, StepMarker } from '../src/statecharts/steps.js';
 import type { ToolResult } from '../src/tools/tool.js';
 import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
@@ -269,8 +270,10 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
           audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'ok', durationMs: Date.now() - startedAt }, content: { result: output } });
           return { kind: 'done', output: output === undefined ? null : JSON.parse(JSON.stringify(output)) };
         } catch (error) {
-          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'error', durationMs: Date.now() - startedAt }, content: { error: (error as Error).message } });
-          return { kind: 'error', error: { message: (error as Error).message } };
+          // The class goes with the message: the machine (event.error.name) and the run's record show it.
+          const thrown = { message: error instanceof Error ? error.message : String(error), name: errorClassOf(error) };
+          audit.record({ kind: 'tool_result', meta: { tool: `step:${step.src}`, callId: step.key, outcome: 'error', errorClass: thrown.name, durationMs: Date.now() - startedAt }, content: { error: thrown.message } });
+          return { kind: 'error', error: thrown };
         } finally {
           deps.current(null);
         }
@@ -339,8 +342,20 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
       return { outcome: { kind: 'complete', reason: 'completed', answer: text }, state: { ...state, machine: result.record }, artifacts };
     }
     case 'fail': {
-      if (result.message !== undefined) audit.record({ kind: 'machine_error', meta: result.detail, content: { error: result.message } });
       const failed = [...failures.values()][0];
+      const error = result.error;
+      if (error !== undefined) {
+        // The message where the audit level keeps content, else the line naming the setting that
+        // keeps it (step-failure.ts); the class, a name, always.
+        const level = audit.currentLevel;
+        const text = stepFailureText(level, error.step, error);
+        const notKept = text === null ? errorTextNotKept(level, errorTextSetting(agent.config.id, agent.config.privacy?.auditLevel)) : null;
+        audit.record({ kind: 'machine_error', meta: { ...result.detail, ...(notKept === null ? {} : { message: notKept }) }, ...(notKept === null ? { content: { message: error.message } } : {}) });
+        if (!failed || result.detail.reason !== 'machine_error') {
+          const detail = { ...result.detail, ...(notKept === null ? {} : { messageNotKept: notKept }) };
+          return { outcome: { kind: 'fail', reason: 'not_retryable', detail, errorClass: error.errorClass, ...(text === null ? {} : { statusText: `the agent's machine stopped: ${text}` }) }, state, artifacts: [] };
+        }
+      }
       if (failed && result.detail.reason === 'machine_error') {
         if ((REASONS_BY_TERMINAL_STATUS.completed as readonly string[]).includes(failed.reason)) {
           return { outcome: { kind: 'complete', reason: failed.reason as CompletionReason, answer: null }, state, artifacts: [] };

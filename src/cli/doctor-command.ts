@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load-config.js';
+import { problemList } from '../config/module-load-error.js';
 import { buildAgentRegistry, unretainableAgents } from '../agents/agent-registry.js';
 import { cardSignerFor, loadCardKeyFiles } from '../cards/card-trust.js';
 import { createSealer } from '../sealing/sealer.js';
@@ -46,7 +47,8 @@ export function registerDoctorCommand(program: Command, globals: () => GlobalOpt
       const registry = await buildAgentRegistry(config, { fetch, extraTools: [createRemoteAgentTool(config, () => null)] });
       await fetch.close();
       if (!registry.ok) {
-        checks.push({ name: 'config', ok: false, detail: registry.problems.join('; ') });
+        // Every problem, each on its own lines: a module's load error carries its code frame.
+        checks.push({ name: 'config', ok: false, detail: `${registry.problems.length} problem(s):\n${problemList(registry.problems)}` });
         return report(EXIT.config);
       }
       const cardKeys = loadCardKeyFiles(config);

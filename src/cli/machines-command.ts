@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { configBaseDir, type KeelConfig } from '../config/load-config.js';
+import { problemList } from '../config/module-load-error.js';
 import { diffDefinitions, graphOfMachine, orphanedSteps, readDefinitionGraph, stateText, type DefinitionDiff, type DefinitionGraph } from '../statecharts/definition-graph.js';
 import { definitionsOf, openRunsByState, openRunsOf } from '../statecharts/definition-repository.js';
 import { loadStatechart, stateIdsOf, type StatechartDefinition } from '../statecharts/statechart-definition.js';
@@ -39,7 +40,7 @@ async function agentMachine(config: KeelConfig, agentId: string, lifecycles: rea
   }
   const baseDir = configBaseDir(config);
   const loaded = await loadStatechart(agent.machine, baseDir, `agents.${index} (${agent.id})`);
-  if (!loaded.ok) throw new CliExit(EXIT.config, `the machine of agent ${agentId} cannot be used:\n${loaded.problems.map((problem) => `  - ${problem}`).join('\n')}`);
+  if (!loaded.ok) throw new CliExit(EXIT.config, `the machine of agent ${agentId} cannot be used:\n${problemList(loaded.problems)}`);
   return loaded.definition;
 }
 

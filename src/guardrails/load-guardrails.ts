@@ -1,7 +1,8 @@
 import { isAbsolute, resolve } from 'node:path';
 import type { GuardrailConfig } from '../config/config-schema.js';
 import type { Guardrail, GuardrailCheck, GuardrailDecision } from './guardrail.js';
-import { importModuleFile } from '../config/import-module-file.js';
+import { loadModuleFile } from '../config/import-module-file.js';
+import { loadProblem } from '../config/module-load-error.js';
 
 export type LoadGuardrailsResult = { ok: true; guardrails: Guardrail[] } | { ok: false; problems: string[] };
 
@@ -36,21 +37,21 @@ export async function loadGuardrails(configs: readonly GuardrailConfig[], where:
       continue;
     }
     const path = isAbsolute(config.module) ? config.module : resolve(baseDir, config.module);
-    try {
-      const module = await importModuleFile(path);
-      const hook = module[config.export];
-      if (typeof hook !== 'function') {
-        problems.push(`${at}: module ${config.module} has no function export "${config.export}"`);
-        continue;
-      }
-      guardrails.push({
-        name: config.name,
-        stages: config.on,
-        check: (input: GuardrailCheck) => Promise.resolve((hook as (input: GuardrailCheck) => GuardrailDecision | Promise<GuardrailDecision>)(input)),
-      });
-    } catch (error) {
-      problems.push(`${at}: module ${config.module} cannot be loaded (${(error as Error).message.split('\n')[0]})`);
+    const loaded = await loadModuleFile(path);
+    if (!loaded.ok) {
+      problems.push(loadProblem(`${at}: module ${config.module} cannot be loaded`, loaded.text));
+      continue;
     }
+    const hook = loaded.module[config.export];
+    if (typeof hook !== 'function') {
+      problems.push(`${at}: module ${config.module} has no function export "${config.export}"`);
+      continue;
+    }
+    guardrails.push({
+      name: config.name,
+      stages: config.on,
+      check: (input: GuardrailCheck) => Promise.resolve((hook as (input: GuardrailCheck) => GuardrailDecision | Promise<GuardrailDecision>)(input)),
+    });
   }
   return problems.length > 0 ? { ok: false, problems } : { ok: true, guardrails };
 }

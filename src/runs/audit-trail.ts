@@ -133,6 +133,11 @@ export class AuditTrail {
     return new AuditTrail(runId, level, last, logger);
   }
 
+  /** The level events are kept at now: what a caller says of content it did not keep. */
+  get currentLevel(): PrivacyLevel {
+    return this.level;
+  }
+
   /** The run's audit ceiling may tighten mid-run (a fallback provider); later events follow it. */
   setLevel(level: PrivacyLevel): void {
     this.level = level;

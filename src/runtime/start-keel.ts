@@ -44,6 +44,7 @@ import { ClientLimitMetrics } from '../metrics/client-limit-metrics.js';
 import { ClientLimits } from '../limits/client-limits.js';
 import { ActiveRunCounts } from '../limits/active-run-counts.js';
 import { countActiveTasksByOwner } from '../tasks/task-counts.js';
+import { problemList } from '../config/module-load-error.js';
 import { buildAgentRegistry, unretainableAgents, type AgentRegistry } from '../agents/agent-registry.js';
 import { createGuardedFetch, type ClosableGuardedFetch } from '../net/guarded-fetch.js';
 import { deliveryOptionsFor, type PushTestTimings } from '../push/delivery-options.js';
@@ -119,7 +120,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const built = await buildAgentRegistry(config, { fetch, env, extraTools: [remoteTool] });
   if (!built.ok) {
     await fetch.close();
-    return { ok: false, stage: 'agents', message: built.problems.join('\n') };
+    return { ok: false, stage: 'agents', message: `${built.problems.length} problem(s):\n${problemList(built.problems)}` };
   }
   const registry = built.registry;
   // Card signing and remote card keys read from files: a missing or wrong file stops start-up here too.

@@ -6,7 +6,8 @@ import { stateNodesOf } from '../../machines/step-machine.js';
 import { definitionJson } from './definition-graph.js';
 import { stepMarkerOf, type StepMarker } from './steps.js';
 import { isMachine } from '../../machines/transitions.js';
-import { importModuleFile } from '../config/import-module-file.js';
+import { loadModuleFile } from '../config/import-module-file.js';
+import { loadProblem } from '../config/module-load-error.js';
 
 // A statechart agent's machine as Keel loads it at start (docs/statechart-agents.md): the module
 // named by the agent's `machine`, its XState machine, what it invokes, and the hash of its
@@ -86,12 +87,9 @@ export function checkStatechart(machine: AnyStateMachine, where: string): { ok: 
 /** Loads the machine module of an agent (`default` or `machine` export) and checks it. */
 export async function loadStatechart(path: string, baseDir: string, where: string): Promise<LoadStatechartResult> {
   const absolute = isAbsolute(path) ? path : resolve(baseDir, path);
-  let module: Record<string, unknown>;
-  try {
-    module = await importModuleFile(absolute);
-  } catch (error) {
-    return { ok: false, problems: [`${where}: machine ${path} cannot be loaded (${(error as Error).message.split('\n')[0]})`] };
-  }
+  const loaded = await loadModuleFile(absolute);
+  if (!loaded.ok) return { ok: false, problems: [loadProblem(`${where}: machine ${path} cannot be loaded`, loaded.text)] };
+  const module = loaded.module;
   // The default export, or the one named `machine`, or the module's only exported machine.
   const exported = Object.values(module).filter(isMachine);
   const machine = [module.default, module.machine].find(isMachine) ?? (new Set(exported).size === 1 ? exported[0] : undefined);

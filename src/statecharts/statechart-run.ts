@@ -2,6 +2,7 @@ import type { AnyMachineSnapshot, AnyStateNode, StateValue } from 'xstate';
 import { inertScope, type ExecutableAction } from '../../machines/step-machine.js';
 import type { ArtifactEmission, Part } from '../providers/provider.js';
 import { stateIdsOf, type StatechartDefinition } from './statechart-definition.js';
+import { errorClassOf, stepErrorOf, stepFailureWhat, type StepError } from './step-failure.js';
 import type { StatechartOutput, StepMarker } from './steps.js';
 
 // Runs a statechart agent's machine durably, transition by transition (docs/statechart-agents.md).
@@ -67,7 +68,8 @@ export type StatechartHost = {
 
 export type StatechartResult =
   | { kind: 'complete'; output: unknown; record: MachineRecord }
-  | { kind: 'fail'; detail: Record<string, unknown>; message?: string }
+  /** error: the step's error no transition handled (step: its invoke's id; null when the error was not a step's). */
+  | { kind: 'fail'; detail: Record<string, unknown>; error?: { step: string | null } & StepError }
   /** dueAt: the machine also waits for a timer there; it wakes the run if nobody answers first. */
   | { kind: 'wait'; status: WaitStatus; pending: unknown; step: RunningStep; record: MachineRecord; dueAt?: number }
   | { kind: 'sleep'; dueAt: number; record: MachineRecord }
@@ -90,11 +92,12 @@ type Action = ExecutableAction;
 type Settled = { id: string; outcome: StepOutcome };
 
 const doneEvent = (id: string, output: unknown) => ({ type: `xstate.done.actor.${id}`, output, actorId: id });
-const errorEvent = (id: string, error: unknown) => ({ type: `xstate.error.actor.${id}`, error, actorId: id });
+const ERROR_EVENT = 'xstate.error.actor.';
+const errorEvent = (id: string, error: unknown) => ({ type: `${ERROR_EVENT}${id}`, error, actorId: id });
 
 /** Plain JSON of an error, so a machine can read it and a record can hold it. */
 function errorValue(error: unknown): unknown {
-  if (error instanceof Error) return { message: error.message, name: error.name };
+  if (error instanceof Error) return { message: error.message, name: errorClassOf(error) };
   return error;
 }
 
@@ -290,12 +293,21 @@ export async function runStatechart(definition: StatechartDefinition, start: Sta
     }
     for (;;) {
       if (snapshot.status === 'error') {
-        // The detail is stored in clear (runs.failure_detail): state names only; the error's text,
-        // which may carry content, goes to the sealed audit trail.
+        // The detail is stored in clear (runs.failure_detail): names only (the state, the step, the
+        // error's class); the error's message, which may carry content, is the host's to keep at
+        // the run's audit level (step-failure.ts).
+        const step = eventType.startsWith(ERROR_EVENT) ? eventType.slice(ERROR_EVENT.length) : null;
+        const error = stepErrorOf(snapshot.error);
         return {
           kind: 'fail',
-          detail: { reason: 'machine_error', state: stateName(snapshot.value), error: 'a step failed and no transition handles its error' },
-          message: JSON.stringify(errorValue(snapshot.error)) ?? 'unknown',
+          detail: {
+            reason: 'machine_error',
+            state: stateName(snapshot.value),
+            ...(step === null ? {} : { step }),
+            errorClass: error.errorClass,
+            error: stepFailureWhat(step),
+          },
+          error: { step, ...error },
         };
       }
       if (snapshot.status === 'done') return { kind: 'complete', output: snapshot.output, record };

@@ -36,8 +36,14 @@ export function failureText(reason: TerminationReason, failureDetail: Record<str
     // A statechart agent's run (docs/statechart-agents.md).
     case 'machine_version':
       return `the agent's machine changed while this task was in flight: its state "${String(failureDetail.state)}" is not in the current version (${String(failureDetail.current)}); the task started with version ${String(failureDetail.startedWith)}`;
-    case 'machine_error':
-      return `the agent's machine stopped: ${String(failureDetail.error)}`;
+    case 'machine_error': {
+      // A step's error: its class always; its message is the status message the run wrote where
+      // the audit level keeps it, and where it does not, this says so and names the setting.
+      const stopped = `the agent's machine stopped: ${String(failureDetail.error)}`;
+      if (typeof failureDetail.errorClass !== 'string') return stopped;
+      const notKept = failureDetail.messageNotKept;
+      return typeof notKept === 'string' ? `${stopped}: ${failureDetail.errorClass} (${notKept})` : `${stopped}: ${failureDetail.errorClass}`;
+    }
   }
   return FAILURE_MESSAGES[reason] ?? `the task ended: ${reason}`;
 }

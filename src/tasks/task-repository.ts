@@ -293,27 +293,32 @@ const conversationRow = z.object({ context_id: z.string(), history: z.instanceof
  * `status`. Both are sealed at `level`, the answer level the caller read under its lock. History is
  * never rewritten from a copy read earlier: a write that raced a completion would erase its answer.
  */
-async function writeConversation(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, status: Message | null, messages: Message[]): Promise<void> {
+async function writeConversation(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, status: Message | null, messages: Message[]): Promise<WrittenConversation | null> {
   const row = await db.maybeOne(sql.type(conversationRow)`SELECT context_id, history FROM a2a_tasks WHERE id = ${taskId} FOR UPDATE`);
-  if (!row) return;
+  if (!row) return null;
   const withContext = (message: Message): Message => ({ ...message, contextId: message.contextId ?? row.context_id });
   const history = sealHistory(sealer, taskId, level, [...openSealed<Message[]>(sealer, taskId, 'history', row.history, []), ...messages.map(withContext)]);
   const shown = status ? keepAtLevel(level, withContext(status)) : undefined;
+  const sealedStatus = shown === undefined ? null : sealer.sealJson(taskColumnContext(taskId, 'status_message'), shown);
   await db.query(sql.unsafe`
     UPDATE a2a_tasks SET
       history = ${history === null ? null : sql.binary(history)},
-      status_message = ${shown === undefined ? null : sql.binary(sealer.sealJson(taskColumnContext(taskId, 'status_message'), shown))},
+      status_message = ${sealedStatus === null ? null : sql.binary(sealedStatus)},
       updated_at = now()
     WHERE id = ${taskId}`);
+  return { statusMessage: shown ?? null, sealed: { statusMessage: sealedStatus, history } };
 }
+
+/** What a write of the conversation stored: the status message as kept at the level, and the sealed columns. */
+export type WrittenConversation = { statusMessage: Message | null; sealed: { statusMessage: Buffer | null; history: Buffer | null } };
 
 /**
  * The agent's interim status message (the INPUT_REQUIRED prompt), written with the suspension: it
  * is the task's status message while the task waits, and it joins the history, where it stays
  * (docs/decisions/0012-interim-status-messages-in-history.md).
  */
-export async function recordAgentStatusMessage(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, message: Message): Promise<void> {
-  await writeConversation(db, sealer, taskId, level, message, [message]);
+export async function recordAgentStatusMessage(db: CommonQueryMethods, sealer: Sealer, taskId: string, level: PrivacyLevel, message: Message): Promise<WrittenConversation | null> {
+  return writeConversation(db, sealer, taskId, level, message, [message]);
 }
 
 /**

@@ -1,7 +1,8 @@
 import { isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
 import { TOOL_EFFECTS, type ToolDefinition } from './tool.js';
-import { importModuleFile } from '../config/import-module-file.js';
+import { loadModuleFile } from '../config/import-module-file.js';
+import { loadProblem } from '../config/module-load-error.js';
 
 const toolShape = z
   .object({
@@ -25,13 +26,12 @@ export async function loadToolModules(paths: readonly string[], baseDir: string)
   const tools: ToolDefinition[] = [];
   for (const path of paths) {
     const absolute = isAbsolute(path) ? path : resolve(baseDir, path);
-    let module: Record<string, unknown>;
-    try {
-      module = await importModuleFile(absolute);
-    } catch (error) {
-      problems.push(`toolModules: ${path}: cannot be loaded (${(error as Error).message.split('\n')[0]})`);
+    const loaded = await loadModuleFile(absolute);
+    if (!loaded.ok) {
+      problems.push(loadProblem(`toolModules: ${path}: cannot be loaded`, loaded.text));
       continue;
     }
+    const module = loaded.module;
     const exported = module.tools ?? module.default;
     if (!Array.isArray(exported)) {
       problems.push(`toolModules: ${path}: expected an exported array "tools" (or a default export array)`);

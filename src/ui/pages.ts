@@ -176,6 +176,20 @@ export type RunPageData = {
   machine?: RunMachineView | null;
 };
 
+/**
+ * A statechart step's unhandled error as its run recorded it (the audit trail's machine_error):
+ * the step, the error's class and its message as the audit level kept it, or the line saying it
+ * was not kept and which setting keeps it.
+ */
+function stepErrorOf(events: RunPageData['events']): string | null {
+  const event = events.findLast((candidate) => candidate.kind === 'machine_error' && typeof (candidate.payload as { errorClass?: unknown } | null)?.errorClass === 'string');
+  if (!event) return null;
+  const { step, errorClass, message, content } = event.payload as { step?: unknown; errorClass: string; message?: unknown; content?: { message?: unknown } };
+  const where = typeof step === 'string' ? `step ${step}: ` : '';
+  if (typeof content?.message === 'string') return `${where}${errorClass}: ${content.message}`;
+  return `${where}${errorClass}${typeof message === 'string' ? ` (${message})` : ''}`;
+}
+
 export function runContent(data: RunPageData, csrf: string): Html {
   const { run, task } = data;
   const facts: Array<[string, Html | string]> = [
@@ -196,6 +210,8 @@ export function runContent(data: RunPageData, csrf: string): Html {
     ['settled', formatTime(run.settled_at)],
   ];
   if (run.failure_detail) facts.push(['failure detail', html`<code>${JSON.stringify(run.failure_detail)}</code>`]);
+  const stepError = stepErrorOf(data.events);
+  if (stepError !== null) facts.push(['step error', html`<span id="step-error">${stepError}</span>`]);
   const pendingSection = (() => {
     if (!data.pending) return html``;
     switch (data.pending.kind) {

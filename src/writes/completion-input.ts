@@ -99,6 +99,8 @@ export type FailureInput = {
   reason: TerminationReason;
   errorClass?: string | null;
   failureDetail?: Record<string, unknown> | null;
+  /** The task's status message for the failure (sealed at the run's answer level); without it, the one derived from the reason. */
+  statusText?: string;
   totals?: RunTotals;
   /** The run serves this A2A task (runs.task_id): then the failure is journaled with the settle. */
   taskId: string | null;

@@ -5,7 +5,7 @@ import { answerIsRetainable } from '../privacy/resolve-ceilings.js';
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { DEFAULT_PROJECTION_OPTIONS, journalEventsSince, writeJournalEvents, type ProjectionOptions } from '../tasks/journal-writer.js';
-import { openSealed, scrubTaskContent } from '../tasks/task-repository.js';
+import { openSealed, recordAgentStatusMessage, scrubTaskContent } from '../tasks/task-repository.js';
 import type { Artifact, Message, TaskState } from '../protocol/wire.js';
 import { appendRunOutputs, deleteRunOutputs, listRunOutputs, type StoredRunOutput } from '../runs/run-output-repository.js';
 import type { RunRow } from '../runs/run-row.js';
@@ -202,6 +202,15 @@ export async function failHeldRun(pool: DatabasePool, sealer: Sealer, logger: Ke
     const failed = await settleRun(transaction, logger, input.runId, settleInput);
     if (!failed.settled || !locked?.task || failed.run.task_id === null) return { ...failed, journaled: null };
     const outputs = locked.run.has_outputs ? await listRunOutputs(transaction, sealer, input.runId) : [];
-    return { ...failed, journaled: await journalEnd(transaction, sealer, locked.task, failed.run, storedContent(sealer, failed.run.task_id, locked.task), outputs, options) };
+    let content = storedContent(sealer, failed.run.task_id, locked.task);
+    if (input.statusText !== undefined) {
+      // The failure's own status message, in the settle's transaction: it joins the history, as a
+      // completion's final message does, and the journal's FAILED event carries it.
+      const taskId = failed.run.task_id;
+      const message: Message = { messageId: `${taskId}-failure-${failed.run.revision}`, role: 'ROLE_AGENT', parts: [{ text: input.statusText }], taskId };
+      const written = await recordAgentStatusMessage(transaction, sealer, taskId, locked.run.answer_level as PrivacyLevel, message);
+      if (written) content = { ...content, statusMessage: () => written.statusMessage, sealed: { ...content.sealed, ...written.sealed } };
+    }
+    return { ...failed, journaled: await journalEnd(transaction, sealer, locked.task, failed.run, content, outputs, options) };
   });
 }
