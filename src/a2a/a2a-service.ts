@@ -250,7 +250,7 @@ export class A2AService {
         // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
         if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, repeat, this.deps.shutdown)) {
           const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
-          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(committed, params.configuration?.historyLength)));
+          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(caller, committed, params.configuration?.historyLength)));
         }
       }
       return this.endedHere(caller, params, await this.sendResult(caller, taskId, params.configuration?.historyLength));
@@ -270,11 +270,11 @@ export class A2AService {
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
     const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
     if (!row) return fail(taskNotFound(taskId));
-    return ok(this.sendResultOf(row, historyLength));
+    return ok(this.sendResultOf(caller, row, historyLength));
   }
 
   /** A blocking SendMessage's answer from the task row: the direct Message of a task answered by one, else the Task. */
-  private sendResultOf(row: TaskRow, historyLength: number | undefined): SendResult {
+  private sendResultOf(caller: Caller, row: TaskRow, historyLength: number | undefined): SendResult {
     if (row.direct_message && row.state === 'TASK_STATE_COMPLETED') {
       const message = openSealed<Message | null>(this.deps.sealer, row.id, 'status_message', row.status_message, null);
       if (message) {
@@ -282,7 +282,8 @@ export class A2AService {
         return { message: direct };
       }
     }
-    return { task: taskView(this.deps.sealer, row, { historyLength }) };
+    const task = taskView(this.deps.sealer, row, { historyLength });
+    return { task: caller.sequenced ? stampTask(task, row.last_sequence) : task };
   }
 
   /**

@@ -214,6 +214,17 @@ describe('the wire', () => {
     expect((await read({})).headers.get('a2a-extensions')).toBeNull();
   });
 
+  it("gives a blocking SendMessage's Task its last sequence, over every binding", async () => {
+    for (const binding of BINDINGS) {
+      const sdk = await client(binding);
+      const task = Task.toJSON((await sdk.sendMessage(textMessage(`blocking ${binding}`), { serviceParameters: ACTIVATE })) as Task) as Json;
+      const journal = await readJournal(keel.context.pool, keel.context.sealer, task.id, 0);
+      expect(task.metadata[SEQUENCED_EVENTS_URI]).toEqual({ lastSequence: journal[journal.length - 1]!.sequence });
+      const plain = Task.toJSON((await sdk.sendMessage(textMessage(`blocking plain ${binding}`))) as Task);
+      expect(JSON.stringify(plain)).not.toContain(SEQUENCED_EVENTS_URI);
+    }
+  });
+
   it('takes the resume point as a JSON-RPC parameter: SSE ids, the Task under the resume point, then the events after it', async () => {
     const { taskId, full } = await completedTask('JSONRPC');
     const last = entryOf(full[full.length - 1]).sequence as number;
