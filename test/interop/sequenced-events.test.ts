@@ -42,8 +42,20 @@ const overrides = {
         { reply: 'all steps done' },
       ],
     },
+    asker: {
+      type: 'scripted',
+      steps: [
+        { artifact: { artifactId: 'notes', name: 'notes', text: 'thinking' }, toolCalls: [{ name: 'lookup', arguments: {} }] },
+        { toolCalls: [{ name: 'ask_user', arguments: {} }] },
+        { artifact: { artifactId: 'notes', text: ' and done', append: true, lastChunk: true }, toolCalls: [{ name: 'lookup', arguments: {} }] },
+        { reply: 'red it is' },
+      ],
+    },
   },
-  KEEL_AGENTS: [{ id: 'steps', name: 'Steps', provider: 'steps', tools: ['lookup'] }],
+  KEEL_AGENTS: [
+    { id: 'steps', name: 'Steps', provider: 'steps', tools: ['lookup'] },
+    { id: 'asker', name: 'Asker', provider: 'asker', tools: ['lookup', 'ask_user'] },
+  ],
 };
 
 const BINDINGS: readonly Binding[] = ['JSONRPC', 'HTTP+JSON', 'GRPC'];
@@ -205,6 +217,49 @@ async function refusal(binding: Binding, taskId: string, after: number): Promise
   expect(body.error.data[0]).toMatchObject({ reason: RESUME_ERROR });
   return body.error.data[0].metadata;
 }
+
+describe('a live task', () => {
+  it("resumed while it waits for input, each binding's subscription replays, stays open at the replayed INPUT_REQUIRED, and follows to the end", async () => {
+    const sdk = await sdkClient(keel.url, 'asker', token, 'JSONRPC');
+    const created = Task.toJSON((await sdk.sendMessage(textMessage('pick a colour', { returnImmediately: true }))) as Task) as Json;
+    const taskId = created.id as string;
+    // The question is in the journal (projected after the run's status).
+    const asking = await waitFor(async () => {
+      const journal = await readJournal(keel.context.pool, keel.context.sealer, taskId, 0);
+      const last = journal[journal.length - 1];
+      return last?.state === 'TASK_STATE_INPUT_REQUIRED' ? last.sequence : null;
+    }, 'the INPUT_REQUIRED event');
+    // Each binding resumes from its own random point before the question; its replay is read in full before the answer is sent.
+    const streams = await Promise.all(
+      BINDINGS.map(async (binding) => {
+        const after = Math.floor(Math.random() * asking);
+        const subscriber = await sdkClient(keel.url, 'asker', token, binding);
+        const events = subscriber
+          .resubscribeTask(SubscribeToTaskRequest.fromJSON({ id: taskId }), { serviceParameters: { ...ACTIVATE, 'Last-Event-ID': String(after) } })
+          [Symbol.asyncIterator]();
+        const replayed: Json[] = [];
+        while (replayed.length < 1 + asking - after) replayed.push(StreamResponse.toJSON((await events.next()).value as StreamResponse));
+        return { binding, after, events, replayed };
+      }),
+    );
+    const answer = await fetch(`${keel.url}/a2a/asker`, {
+      method: 'POST',
+      headers: headers(),
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId: 'colour', role: 'ROLE_USER', taskId, parts: [{ data: { colour: 'red' } }] } } }),
+    });
+    expect(((await answer.json()) as Json).result.task.status.state).toBe('TASK_STATE_COMPLETED');
+    const journal = await readJournal(keel.context.pool, keel.context.sealer, taskId, 0);
+    for (const { binding, after, events, replayed } of streams) {
+      const rest: Json[] = [];
+      for (let next = await events.next(); !next.done; next = await events.next()) rest.push(StreamResponse.toJSON(next.value as StreamResponse));
+      const [first, ...following] = [...replayed, ...rest];
+      expect(first.task.status.state, binding).toBe('TASK_STATE_INPUT_REQUIRED');
+      expect(entryOf(first)).toEqual({ lastSequence: asking });
+      expect(following.map((event) => entryOf(event).sequence), `${binding} after ${after}`).toEqual(journal.map((event) => event.sequence).filter((sequence) => sequence > after));
+      expect(following[following.length - 1].statusUpdate.status.state).toBe('TASK_STATE_COMPLETED');
+    }
+  });
+});
 
 describe('the wire', () => {
   it('echoes the activated extension (also when asked by its 0.3 name) and only then', async () => {
