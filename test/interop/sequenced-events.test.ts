@@ -234,9 +234,8 @@ describe('a live task', () => {
       BINDINGS.map(async (binding) => {
         const after = Math.floor(Math.random() * asking);
         const subscriber = await sdkClient(keel.url, 'asker', token, binding);
-        const events = subscriber
-          .resubscribeTask(SubscribeToTaskRequest.fromJSON({ id: taskId }), { serviceParameters: { ...ACTIVATE, 'Last-Event-ID': String(after) } })
-          [Symbol.asyncIterator]();
+        const stream = subscriber.resubscribeTask(SubscribeToTaskRequest.fromJSON({ id: taskId }), { serviceParameters: { ...ACTIVATE, 'Last-Event-ID': String(after) } });
+        const events = stream[Symbol.asyncIterator]();
         const replayed: Json[] = [];
         while (replayed.length < 1 + asking - after) replayed.push(StreamResponse.toJSON((await events.next()).value as StreamResponse));
         return { binding, after, events, replayed };
