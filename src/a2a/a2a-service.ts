@@ -581,11 +581,13 @@ export class A2AService {
    * the Task as it is now, whose SSE id is the resume point, then the events after that point:
    * a replayed interrupted state does not end a subscription, as the current one does not.
    */
-  async *stream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem> {
-    if (!caller.sequenced) {
-      yield* this.journalStream(caller, taskId, options);
-      return;
-    }
+  stream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem> {
+    // A plain caller gets the journal's items as they are (shared objects, encoded once).
+    return caller.sequenced ? this.sequencedStream(caller, taskId, options) : this.journalStream(caller, taskId, options);
+  }
+
+  /** The stream with every item stamped with its sequence (a Task with the last one it reflects), on copies. */
+  private async *sequencedStream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem> {
     for await (const item of this.journalStream(caller, taskId, options)) {
       yield { id: item.id, response: stampResponse(item.response, item.sequence ?? item.id) };
     }
