@@ -1,6 +1,6 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { GetTaskRequest, StreamResponse, SubscribeToTaskRequest, Task } from '@a2a-js/sdk';
+import { GetTaskRequest, ListTasksRequest, StreamResponse, SubscribeToTaskRequest, Task } from '@a2a-js/sdk';
 import type { Client } from '@a2a-js/sdk/client';
 import { status as GrpcStatus } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -8,7 +8,7 @@ import { SEQUENCED_EVENTS_URI } from '../../src/a2a/sequenced-events.js';
 import { createClient } from '../../src/auth/client-repository.js';
 import { readJournal, scrubTaskJournal } from '../../src/tasks/journal.js';
 import { sdkClient, textMessage, type Binding } from '../support/a2a-client.js';
-import { sdkFailure } from '../support/grpc-client.js';
+import { grpcMetadata, rawGrpcClient, rawUnary, sdkFailure } from '../support/grpc-client.js';
 import { TEST_TOOLS_MODULE } from '../support/run-helpers.js';
 import { readSse } from '../support/sse.js';
 import { createEmptyDatabase } from '../support/test-database.js';
@@ -266,6 +266,27 @@ describe('the wire', () => {
     expect((await read(ACTIVATE)).headers.get('a2a-extensions')).toBe(SEQUENCED_EVENTS_URI);
     expect((await read({ 'X-A2A-Extensions': SEQUENCED_EVENTS_URI })).headers.get('a2a-extensions')).toBe(SEQUENCED_EVENTS_URI);
     expect((await read({})).headers.get('a2a-extensions')).toBeNull();
+    // A stream's headers too, and gRPC's initial metadata.
+    const stream = async (extra: Record<string, string>) => {
+      const response = await fetch(`${keel.url}/a2a/steps/message:stream`, {
+        method: 'POST',
+        headers: headers(extra),
+        body: JSON.stringify({ message: { messageId: `echo-${Math.random()}`, role: 'ROLE_USER', parts: [{ text: 'echo' }] } }),
+      });
+      await readSse(response);
+      return response.headers.get('a2a-extensions');
+    };
+    expect(await stream(ACTIVATE)).toBe(SEQUENCED_EVENTS_URI);
+    expect(await stream({})).toBeNull();
+    const raw = rawGrpcClient(keel.grpcAddress!);
+    try {
+      const metadata = (extra: Record<string, string>) => grpcMetadata({ authorization: `Bearer ${token}`, 'a2a-version': '1.0', ...extra });
+      const list = ListTasksRequest.fromJSON({ tenant: 'steps', pageSize: 1 });
+      expect((await rawUnary(raw, 'listTasks', list, metadata({ 'a2a-extensions': SEQUENCED_EVENTS_URI }))).headers.get('a2a-extensions')).toEqual([SEQUENCED_EVENTS_URI]);
+      expect((await rawUnary(raw, 'listTasks', list, metadata({}))).headers.get('a2a-extensions')).toEqual([]);
+    } finally {
+      raw.close();
+    }
   });
 
   it("gives a blocking SendMessage's Task its last sequence, over every binding", async () => {
