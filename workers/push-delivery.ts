@@ -19,6 +19,7 @@ import { pushConfigContext } from '../src/push/push-config-repository.js';
 import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
+import { EVENT_SEQUENCE_HEADER, stampResponse } from '../src/a2a/sequenced-events.js';
 
 // The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
 // or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait)
@@ -238,7 +239,9 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
         break;
     }
     const { event, attempt: number, startedAt } = begun;
-    const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id };
+    // Every delivery names its event's sequence (a receiver discards a repeat by it, decision 0069);
+    // the body carries it too for a config of the sequenced-events extension.
+    const headers: Record<string, string> = { 'content-type': 'application/a2a+json', 'x-keel-delivery-id': delivery.id, [EVENT_SEQUENCE_HEADER]: String(event.sequence) };
     // Only `Authorization: Bearer`, from the config's authentication; the config's `token` is never sent.
     if (credentials !== null) headers.authorization = `${PUSH_AUTH_SCHEME} ${credentials}`;
     const sentAt = Date.now();
@@ -250,7 +253,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       url: delivery.url,
       method: 'POST',
       headers,
-      body: JSON.stringify(event.response),
+      body: JSON.stringify(delivery.sequenced ? stampResponse(event.response, event.sequence) : event.response),
       timeoutMs: options.timeoutMs,
       connectTimeoutMs: options.connectTimeoutMs,
       maxResponseBytes: ANSWER_PREFIX_BYTES,

@@ -52,6 +52,11 @@ export const A2AErrors = {
   messageTooLarge: make(-32602, 'MESSAGE_TOO_LARGE', 413, 'INVALID_ARGUMENT'),
   /** A message key (messageId or Idempotency-Key) sent again with another request: invalid params, 422 over HTTP+JSON (decision 0064). */
   messageKeyReused: make(-32602, 'MESSAGE_KEY_REUSED', 422, 'INVALID_ARGUMENT'),
+  /**
+   * The sequenced-events extension's resume point that no longer exists (docs/extensions/sequenced-events.md,
+   * decision 0069): Keel's own code in the server range, OUT_OF_RANGE (HTTP 400 as google.rpc maps it).
+   */
+  resumePointUnavailable: make(-32030, 'RESUME_POINT_UNAVAILABLE', 400, 'OUT_OF_RANGE'),
 } as const;
 
 export const taskNotFound = (id: string) => A2AErrors.taskNotFound(`task ${id} not found`, { metadata: { taskId: id } });

@@ -10,6 +10,7 @@ import { A2A_JSON, headerValue, RESPONSE_JSON, type Gate, type RequestGate } fro
 import { registerCardRoutes } from './card-routes.js';
 import { registerJsonRpcBinding } from './json-rpc-binding.js';
 import { registerRestBinding } from './rest-binding.js';
+import { SEQUENCED_EVENTS_URI, sequencedEventsActivated } from './sequenced-events.js';
 
 // The two HTTP bindings of the A2A service, JSON-RPC 2.0 at /a2a/<agent> (json-rpc-binding.ts) and
 // HTTP+JSON under /a2a/<agent>/ (rest-binding.ts), plus the agent cards (card-routes.ts). Every
@@ -82,8 +83,9 @@ export function createServiceGate(registry: AgentRegistry, authenticator: Client
         }),
       };
     }
-    const activated = requested.filter((uri) => agent.config.extensions.some((extension) => extension.uri === uri));
-    return { ok: true, caller: { clientId: auth.client.id, agent }, activated, admission: admitted.admission };
+    // The agent's own extensions and Keel's, which every agent supports (sequenced-events.ts).
+    const activated = requested.filter((uri) => uri === SEQUENCED_EVENTS_URI || agent.config.extensions.some((extension) => extension.uri === uri));
+    return { ok: true, caller: { clientId: auth.client.id, agent, sequenced: sequencedEventsActivated(activated) }, activated, admission: admitted.admission };
   };
 }
 
@@ -99,7 +101,8 @@ export function createRequestGate(registry: AgentRegistry, authenticator: Client
       agentId,
       authorization: headerValue(request, 'authorization'),
       version: requestedVersion(request),
-      extensions: headerValue(request, 'a2a-extensions'),
+      // A2A 1.0's name, or 0.3's (X-A2A-Extensions) from a client that still sends it; the echo is A2A-Extensions.
+      extensions: headerValue(request, 'a2a-extensions') ?? headerValue(request, 'x-a2a-extensions'),
     });
     if (gate.ok) {
       // A client gone during the checks had its 'close' already: none is to come.

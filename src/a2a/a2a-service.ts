@@ -16,9 +16,11 @@ import type { TaskIntake } from '../writes/task-intake.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { cancelPendingOfConfig } from '../push/delivery-repository.js';
 import { createPushConfig, deletePushConfig, getPushConfig, listPushConfigs, maskedPushConfig, pushConfigIdTaken } from '../push/push-config-repository.js';
+import { lastMissingSequence } from '../tasks/journal.js';
 import { SharedJournalReads } from '../tasks/shared-journal-reads.js';
 import { TaskRevisionCache, type SharedTask } from '../tasks/task-revision-cache.js';
 import { StreamFlow } from './stream-flow.js';
+import { stampResponse, stampTask, unavailableResumePoint } from './sequenced-events.js';
 import { JournalWait, wokenOrAfter, type JournalListener } from '../tasks/journal-listener.js';
 import type { ProjectionScheduler } from '../tasks/task-projector.js';
 import {
@@ -33,6 +35,7 @@ import {
   taskView,
   type TaskRow,
   type VersionedTaskHead,
+  type VersionedTaskRow,
 } from '../tasks/task-repository.js';
 import { A2AErrors, fail, invalidParams, ok, taskNotFound, type A2AError, type Result } from './a2a-error.js';
 import { acceptsMediaType, INPUT_MODES } from './agent-card.js';
@@ -58,7 +61,8 @@ import { compareFingerprint, fingerprintInputOf, messageFingerprint, type Finger
 // error; nothing here throws for bad input. Tasks and contexts belong to the calling client:
 // another client's task answers TaskNotFoundError, exactly like one that never existed.
 
-export type Caller = { clientId: string; agent: RegisteredAgent };
+/** `sequenced`: the request activated the sequenced-events extension (sequenced-events.ts); its answers carry sequence numbers. */
+export type Caller = { clientId: string; agent: RegisteredAgent; sequenced?: boolean };
 
 export type A2AServiceDeps = {
   pool: DatabasePool;
@@ -108,6 +112,20 @@ type MessageKey = { key: string; fromHeader: boolean; input: FingerprintInput; f
  * `{ task }` shared with other readers also carries the Task's JSON, encoded once for all of them.
  */
 export type StreamItem = { id: number; response: StreamResponse; taskJson?: Buffer };
+
+/**
+ * What a stream sends: from the journal's start or after `lastEventId`, with the Task first
+ * (`withSnapshot`; on a resume only with `snapshotOnResume`, the sequenced-events extension's
+ * resume), as a subscription or as the stream of the SendStreamingMessage that created the task.
+ */
+export type StreamOptions = {
+  lastEventId?: number;
+  signal: AbortSignal;
+  withSnapshot: boolean;
+  snapshotOnResume?: boolean;
+  subscription?: boolean;
+  fromCreation?: boolean;
+};
 
 type PushConfigInput = { id?: string | undefined; url: string; token?: string | undefined; authentication?: { scheme: string; credentials?: string | undefined } | undefined };
 
@@ -232,7 +250,7 @@ export class A2AService {
         // without reading it again (docs/decisions/0022-completion-writes-the-journal.md).
         if (await waited.until(this.deps.pool, afterSequence, this.blockingCapMs, repeat, this.deps.shutdown)) {
           const committed = await waited.committedTask(Math.max(0, deadline - Date.now()));
-          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(committed, params.configuration?.historyLength)));
+          if (committed) return this.endedHere(caller, params, ok(this.sendResultOf(caller, committed, params.configuration?.historyLength)));
         }
       }
       return this.endedHere(caller, params, await this.sendResult(caller, taskId, params.configuration?.historyLength));
@@ -252,11 +270,11 @@ export class A2AService {
   private async sendResult(caller: Caller, taskId: string, historyLength: number | undefined): Promise<Result<SendResult>> {
     const row = await getTaskRow(this.deps.pool, caller.clientId, taskId);
     if (!row) return fail(taskNotFound(taskId));
-    return ok(this.sendResultOf(row, historyLength));
+    return ok(this.sendResultOf(caller, row, historyLength));
   }
 
   /** A blocking SendMessage's answer from the task row: the direct Message of a task answered by one, else the Task. */
-  private sendResultOf(row: TaskRow, historyLength: number | undefined): SendResult {
+  private sendResultOf(caller: Caller, row: TaskRow, historyLength: number | undefined): SendResult {
     if (row.direct_message && row.state === 'TASK_STATE_COMPLETED') {
       const message = openSealed<Message | null>(this.deps.sealer, row.id, 'status_message', row.status_message, null);
       if (message) {
@@ -264,7 +282,8 @@ export class A2AService {
         return { message: direct };
       }
     }
-    return { task: taskView(this.deps.sealer, row, { historyLength }) };
+    const task = taskView(this.deps.sealer, row, { historyLength });
+    return { task: caller.sequenced ? stampTask(task, row.last_sequence) : task };
   }
 
   /**
@@ -394,7 +413,7 @@ export class A2AService {
       },
       request,
       inExistingContext: message.contextId !== undefined,
-      pushConfig: pushInput,
+      pushConfig: pushInput && caller.sequenced ? { ...pushInput, sequenced: true } : pushInput,
     };
     // How the task is written and where its run starts is the write path's (src/writes/task-intake.ts);
     // whether the client may start one more, its concurrentRuns limit's (a repeat, which starts
@@ -460,7 +479,7 @@ export class A2AService {
       await recordClientReply(transaction, this.deps.sealer, taskId, claimed.answer_level, stored);
       if (!pushInput) return true;
       // An id taken since the check above (a concurrent CreateTaskPushNotificationConfig) declines the hand-off.
-      return (await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId })).ok;
+      return (await createPushConfig(transaction, this.deps.sealer, { ...pushInput, taskId, owner: caller.clientId, sequenced: caller.sequenced })).ok;
     });
     if (!provided.ok && (keyUsed || provided.reason === 'not_waiting' || provided.reason === 'already_decided')) {
       // Lost to a concurrent send of the same key: answered as its repeat (the wait on this task is subscribed already).
@@ -500,7 +519,12 @@ export class A2AService {
     const head = await getTaskHead(this.deps.pool, caller.clientId, id);
     if (!head || head.agent !== caller.agent.config.id) return fail(taskNotFound(id));
     const shared = await this.taskCache.view(head, { historyLength }, () => getVersionedTaskRow(this.deps.pool, id));
-    return shared ? ok(shared) : fail(taskNotFound(id));
+    if (!shared) return fail(taskNotFound(id));
+    if (!caller.sequenced) return ok(shared);
+    // The head's last sequence: the view is of its version or a newer one, so the number never
+    // claims an event the Task does not reflect (a resume from it may repeat one, never skip one).
+    const task = stampTask(shared.task, head.last_sequence);
+    return ok({ task, json: Buffer.from(JSON.stringify(task)) });
   }
 
   async listTasks(caller: Caller, params: ListTasksParams): Promise<Result<{ tasks: Task[]; nextPageToken: string; pageSize: number; totalSize: number }>> {
@@ -552,12 +576,24 @@ export class A2AService {
    * the task as it was created (SUBMITTED) and replays the whole journal, however fast the run was,
    * so every such stream shows the same lifecycle; a direct Message answer that is already there is
    * sent alone.
+   * A caller that activated the sequenced-events extension (`caller.sequenced`) gets every item
+   * stamped with its sequence (sequenced-events.ts), and a resume (`snapshotOnResume`) starts with
+   * the Task as it is now, whose SSE id is the resume point, then the events after that point:
+   * a replayed interrupted state does not end a subscription, as the current one does not.
    */
-  async *stream(
-    caller: Caller,
-    taskId: string,
-    options: { lastEventId?: number; signal: AbortSignal; withSnapshot: boolean; subscription?: boolean; fromCreation?: boolean },
-  ): AsyncGenerator<StreamItem> {
+  stream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem> {
+    // A plain caller gets the journal's items as they are (shared objects, encoded once).
+    return caller.sequenced ? this.sequencedStream(caller, taskId, options) : this.journalStream(caller, taskId, options);
+  }
+
+  /** The stream with every item stamped with its sequence (a Task with the last one it reflects), on copies. */
+  private async *sequencedStream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem> {
+    for await (const item of this.journalStream(caller, taskId, options)) {
+      yield { id: item.id, response: stampResponse(item.response, item.sequence ?? item.id) };
+    }
+  }
+
+  private async *journalStream(caller: Caller, taskId: string, options: StreamOptions): AsyncGenerator<StreamItem & { sequence?: number }> {
     const { pool, sealer, listener } = this.deps;
     let wake: () => void = () => undefined;
     // When this stream last learnt of new events: a shared journal read it joins began after that.
@@ -575,17 +611,22 @@ export class A2AService {
       await markTaskWatched(pool, caller.clientId, taskId);
       wokenAt = performance.now();
       let cursor = options.lastEventId ?? 0;
-      if (options.withSnapshot && options.lastEventId === undefined) {
-        const head = await getTaskHead(pool, caller.clientId, taskId);
-        if (!head) return;
-        // The snapshot of a revision is opened and serialized once for all its streams (and its GetTasks).
-        const revision = await this.taskCache.revision(head, () => getVersionedTaskRow(pool, taskId));
-        if (!revision) return;
-        const { row } = revision;
-        const consistent = row.projected_state === row.state;
-        const shared = this.taskCache.viewOf(revision, { includeArtifacts: consistent });
-        const view = shared.task;
-        const task: Task = consistent ? view : { ...view, status: { state: row.projected_state as Task['status']['state'], timestamp: view.status.timestamp } };
+      const resuming = options.lastEventId !== undefined;
+      // Events up to this one were committed before the stream began: a subscription's replay of them ends nothing.
+      let replayedUpTo = 0;
+      if (options.withSnapshot && resuming && options.snapshotOnResume) {
+        const snapshot = await this.snapshotOf(caller, taskId);
+        if (!snapshot) return;
+        const { row, task } = snapshot;
+        // The Task as it is now (it reflects the journal up to its last sequence), under the resume
+        // point's id: a client that loses this stream too resumes from the same point.
+        yield { id: cursor, sequence: row.last_sequence, response: { task } };
+        if (cursor >= row.last_sequence && (isTerminalState(task.status.state) || (endsStream(task.status.state) && !options.subscription))) return;
+        if (options.subscription) replayedUpTo = row.last_sequence;
+      } else if (options.withSnapshot && !resuming) {
+        const snapshot = await this.snapshotOf(caller, taskId);
+        if (!snapshot) return;
+        const { row, task, consistent, shared } = snapshot;
         cursor = row.last_sequence;
         if (row.direct_message && row.state === 'TASK_STATE_COMPLETED' && consistent) {
           const message = openSealed<Message | null>(sealer, row.id, 'status_message', row.status_message, null);
@@ -616,7 +657,7 @@ export class A2AService {
         for (const event of events) {
           cursor = event.sequence;
           yield { id: event.sequence, response: event.response };
-          if (event.kind === 'message' || (event.state !== null && endsStream(event.state))) return;
+          if (event.kind === 'message' || (event.state !== null && (isTerminalState(event.state) || (endsStream(event.state) && event.sequence > replayedUpTo)))) return;
         }
         if (events.length > 0) continue;
         // At shutdown a stream ends once it has sent everything committed (the runs this process
@@ -631,11 +672,41 @@ export class A2AService {
     }
   }
 
-  /** SubscribeToTask's checks, before any event is sent (errors are then plain responses). */
-  async checkSubscribable(caller: Caller, id: string): Promise<Result<VersionedTaskHead>> {
+  /**
+   * The task as a stream's first event shows it: the revision's Task, shared with the other
+   * readers of that revision (opened and serialized once), and its announced state while the
+   * journal has not caught up with the task row (artifacts then left out).
+   */
+  private async snapshotOf(caller: Caller, taskId: string): Promise<{ row: VersionedTaskRow; task: Task; consistent: boolean; shared: SharedTask } | null> {
+    const { pool } = this.deps;
+    const head = await getTaskHead(pool, caller.clientId, taskId);
+    if (!head) return null;
+    const revision = await this.taskCache.revision(head, () => getVersionedTaskRow(pool, taskId));
+    if (!revision) return null;
+    const { row } = revision;
+    const consistent = row.projected_state === row.state;
+    const shared = this.taskCache.viewOf(revision, { includeArtifacts: consistent });
+    const view = shared.task;
+    const task: Task = consistent ? view : { ...view, status: { state: row.projected_state as Task['status']['state'], timestamp: view.status.timestamp } };
+    return { row, task, consistent, shared };
+  }
+
+  /**
+   * SubscribeToTask's checks, before any event is sent (errors are then plain responses). A resume
+   * of the sequenced-events extension (`afterSequence` from a caller that activated it) must name a
+   * point whose events after it are all in the journal, and may resume a task that has ended since
+   * (the events it missed are still to be sent).
+   */
+  async checkSubscribable(caller: Caller, id: string, afterSequence?: number): Promise<Result<VersionedTaskHead>> {
     const owned = await this.ownedTask(caller, id);
     if (!owned.ok) return owned;
     const row = owned.value;
+    if (caller.sequenced && afterSequence !== undefined) {
+      const beyond = afterSequence > row.last_sequence;
+      const lastMissing = await lastMissingSequence(this.deps.pool, id, beyond ? 0 : afterSequence, row.last_sequence);
+      const unavailable = unavailableResumePoint(id, afterSequence, { lastSequence: row.last_sequence, lastMissing });
+      return unavailable ? fail(unavailable) : ok(row);
+    }
     if (isTerminalState(row.state) && isTerminalState(row.projected_state)) {
       return fail(A2AErrors.unsupportedOperation(`task ${id} is ${row.state}; a terminal task has no more events to subscribe to`, { metadata: { taskId: id, state: row.state } }));
     }
@@ -647,7 +718,7 @@ export class A2AService {
     if (!owned.ok) return owned;
     const refused = await this.checkPushTarget(input, 'config');
     if (refused) return fail(refused);
-    const created = await createPushConfig(this.deps.pool, this.deps.sealer, { ...input, owner: caller.clientId });
+    const created = await createPushConfig(this.deps.pool, this.deps.sealer, { ...input, owner: caller.clientId, sequenced: caller.sequenced });
     if (!created.ok) {
       return fail(invalidParams([{ path: ['id'], message: duplicatePushConfigId(input.id ?? '') }]));
     }

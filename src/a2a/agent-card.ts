@@ -1,5 +1,6 @@
 import type { AgentConfig } from '../config/config-schema.js';
 import type { KeelConfig } from '../config/load-config.js';
+import { SEQUENCED_EVENTS_EXTENSION } from './sequenced-events.js';
 
 // An agent's card, built from its config. The HTTP bindings share one base URL: JSON-RPC posts to it,
 // HTTP+JSON appends the specification's paths. The gRPC binding, when on, is one `host:port` for
@@ -59,7 +60,8 @@ export function buildAgentCard(agent: AgentConfig, config: KeelConfig, options: 
       streaming: true,
       pushNotifications: true,
       extendedAgentCard: true,
-      ...(agent.extensions.length > 0 ? { extensions: agent.extensions.map((extension) => ({ uri: extension.uri, description: extension.description, required: extension.required })) } : {}),
+      // Keel's own extension, which every agent supports, after the agent's.
+      extensions: [...agent.extensions.map((extension) => ({ uri: extension.uri, description: extension.description, required: extension.required })), { ...SEQUENCED_EVENTS_EXTENSION }],
     },
     ...(secured
       ? {

@@ -5,7 +5,7 @@ import type { RequestAdmission } from '../limits/client-limits.js';
 import type { KeelLogger } from '../log/logger.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from '../protocol/wire.js';
 import { invalidParams, type A2AError, type Result } from './a2a-error.js';
-import type { A2AService, Caller, StreamItem } from './a2a-service.js';
+import type { A2AService, Caller, StreamItem, StreamOptions } from './a2a-service.js';
 import { withJsonNames } from './proto-json.js';
 import { openSse, type SsePiece } from './sse.js';
 import { eventJson, WRITE_SLICE_BYTES, type StreamFlow } from './stream-flow.js';
@@ -98,6 +98,15 @@ export function pacedBody(reply: FastifyReply, flow: StreamFlow, pieces: readonl
     }
   }
   return reply.header('content-length', length).send(Readable.from(slices(), { objectMode: false }));
+}
+
+/**
+ * SubscribeToTask's stream on every binding: the Task first, then the journal; after the resume
+ * point when one was named, and then, for a caller of the sequenced-events extension, still the
+ * Task first (a plain client's Last-Event-ID continues its SSE stream where it broke off).
+ */
+export function subscriptionOptions(caller: Caller, signal: AbortSignal, resumeAfter: number | undefined): StreamOptions {
+  return { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter, snapshotOnResume: caller.sequenced === true } : {}) };
 }
 
 /** A stream item's response as JSON pieces: a shared snapshot's encoded Task, or the event's JSON encoded once. */

@@ -52,7 +52,7 @@ import { A2AErrors, invalidParams, ok, type A2AError, type Result } from './a2a-
 import { createServiceGate } from './a2a-routes.js';
 import type { A2AService, Caller, SendOptions, StreamItem } from './a2a-service.js';
 import { hostPort } from './agent-card.js';
-import { parseParams } from './binding-support.js';
+import { parseParams, subscriptionOptions } from './binding-support.js';
 import { grpcErrorStatus } from './grpc-status.js';
 
 // The gRPC binding (specification 10; decision 0020): every method of lf.a2a.v1.A2AService on a
@@ -149,12 +149,11 @@ export async function handleSubscribeToTask(call: GrpcCall, params: unknown): Pr
   const { service, caller } = call;
   const input = parseParams(subscribeParamsSchema, params);
   if (!input.ok) return input;
-  const check = await service.checkSubscribable(caller, input.value.id);
-  if (!check.ok) return check;
+  // SubscribeToTaskRequest has no metadata field: the resume point is the call's `last-event-id` entry.
   const resumeAfter = lastEventIdOf(call.metadata);
-  return ok((signal: AbortSignal) =>
-    service.stream(caller, input.value.id, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
-  );
+  const check = await service.checkSubscribable(caller, input.value.id, resumeAfter);
+  if (!check.ok) return check;
+  return ok((signal: AbortSignal) => service.stream(caller, input.value.id, subscriptionOptions(caller, signal, resumeAfter)));
 }
 
 export async function handleCreateTaskPushNotificationConfig(call: GrpcCall, params: unknown) {

@@ -12,9 +12,23 @@ import {
   sendMessageParamsSchema,
   subscribeParamsSchema,
 } from '../protocol/wire.js';
-import { A2AErrors, invalidParams, jsonRpcError, type A2AError, type Result } from './a2a-error.js';
+import { A2AErrors, invalidParams, jsonRpcError, ok, type A2AError, type Result } from './a2a-error.js';
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
-import { challengeIfUnauthenticated, holdingStreamSlot, idempotencyKeyOf, JSON_TYPES, mediaType, pacedBody, parseParams, responsePieces, retryAfterHeader, streamToSse, type BindingDeps } from './binding-support.js';
+import {
+  challengeIfUnauthenticated,
+  holdingStreamSlot,
+  idempotencyKeyOf,
+  JSON_TYPES,
+  mediaType,
+  pacedBody,
+  parseParams,
+  responsePieces,
+  retryAfterHeader,
+  streamToSse,
+  subscriptionOptions,
+  type BindingDeps,
+} from './binding-support.js';
+import { resumePointOfParams } from './sequenced-events.js';
 import { lastEventId } from './sse.js';
 
 // The JSON-RPC 2.0 binding at POST /a2a/<agent>: the envelope is checked here, then the method's
@@ -118,14 +132,17 @@ export async function handleSubscribeToTask(call: JsonRpcCall) {
   const { service, caller } = call;
   const input = parseParams(subscribeParamsSchema, call.params);
   if (!input.ok) return answer(call, input);
-  const check = await service.checkSubscribable(caller, input.value.id);
+  // The sequenced-events extension's resume point in the params, else SSE's Last-Event-ID.
+  const named = caller.sequenced ? resumePointOfParams(input.value.metadata) : ok(undefined);
+  if (!named.ok) return answer(call, named);
+  const resumeAfter = named.value ?? lastEventId(call.request);
+  const check = await service.checkSubscribable(caller, input.value.id, resumeAfter);
   if (!check.ok) return answer(call, check);
-  const resumeAfter = lastEventId(call.request);
   return streamToSse(
     call.logger,
     call.request,
     call.reply,
-    (signal) => service.stream(caller, input.value.id, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
+    (signal) => service.stream(caller, input.value.id, subscriptionOptions(caller, signal, resumeAfter)),
     rpcFrame(call.id),
     call.activated,
     service.streamFlow,

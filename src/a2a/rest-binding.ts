@@ -16,6 +16,7 @@ import {
   RESPONSE_JSON,
   retryAfterHeader,
   streamToSse,
+  subscriptionOptions,
   type BindingDeps,
 } from './binding-support.js';
 import { lastEventId } from './sse.js';
@@ -155,14 +156,14 @@ export async function handleSubscribeToTask(call: RestCall, match: RegExpExecArr
   const { service, caller } = call;
   const taskId = pathSegment(match[1]!);
   if (taskId === null) return restFail(call.reply, badSegment('id'));
-  const check = await service.checkSubscribable(caller, taskId);
-  if (!check.ok) return restFail(call.reply, check.error);
   const resumeAfter = lastEventId(call.request);
+  const check = await service.checkSubscribable(caller, taskId, resumeAfter);
+  if (!check.ok) return restFail(call.reply, check.error);
   return streamToSse(
     call.logger,
     call.request,
     call.reply,
-    (signal) => service.stream(caller, taskId, { signal, withSnapshot: true, subscription: true, ...(resumeAfter !== undefined ? { lastEventId: resumeAfter } : {}) }),
+    (signal) => service.stream(caller, taskId, subscriptionOptions(caller, signal, resumeAfter)),
     responsePieces,
     call.activated,
     service.streamFlow,

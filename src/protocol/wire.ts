@@ -139,7 +139,8 @@ export type SendMessageParams = z.infer<typeof sendMessageParamsSchema>;
 
 export const getTaskParamsSchema = z.object({ id: nonEmpty, historyLength: z.number().int().min(0).max(10_000).optional(), tenant: z.string().optional() });
 export const cancelTaskParamsSchema = z.object({ id: nonEmpty, metadata: metadata.optional(), tenant: z.string().optional() });
-export const subscribeParamsSchema = z.object({ id: nonEmpty, tenant: z.string().optional() });
+// `metadata` is not in A2A 1.0's SubscribeToTaskRequest: the sequenced-events extension's resume point (src/a2a/sequenced-events.ts).
+export const subscribeParamsSchema = z.object({ id: nonEmpty, metadata: metadata.optional(), tenant: z.string().optional() });
 
 // The numbers of a2a.proto's TaskState (not the order of TASK_STATES above).
 const TASK_STATE_NUMBERS: Record<number, TaskState> = {

@@ -119,6 +119,8 @@ export const deliveryRow = z.object({
   deleted_at: z.number().nullable(),
   auth_scheme: z.string().nullable(),
   credentials: z.instanceof(Buffer).nullable(),
+  /** The config asked for the sequenced-events extension: the body carries the event's sequence. */
+  sequenced: z.boolean(),
   /** Whether an earlier delivery of the same config has not ended yet. */
   behind: z.boolean(),
 });
@@ -127,7 +129,7 @@ export type DeliveryRow = z.infer<typeof deliveryRow>;
 export async function loadDelivery(db: CommonQueryMethods, deliveryId: string): Promise<DeliveryRow | null> {
   return db.maybeOne(sql.type(deliveryRow)`
     SELECT d.id, d.task_id, d.config_id, d.event_sequence, d.state, d.attempts, d.next_attempt_at, d.last_outcome, d.deadline,
-      d.created_at, d.ended_at, c.url, c.owner, c.state AS config_state, c.deleted_at, c.auth_scheme, c.credentials,
+      d.created_at, d.ended_at, c.url, c.owner, c.state AS config_state, c.deleted_at, c.auth_scheme, c.credentials, c.sequenced,
       EXISTS (SELECT 1 FROM push_deliveries e WHERE e.task_id = d.task_id AND e.config_id = d.config_id
               AND e.state = 'pending' AND e.event_sequence < d.event_sequence) AS behind
     FROM push_deliveries d JOIN push_configs c ON c.task_id = d.task_id AND c.id = d.config_id

@@ -26,7 +26,16 @@ const configRow = z.object({
 });
 export type PushConfigRow = z.infer<typeof configRow>;
 
-export type NewPushConfig = { taskId: string; id?: string | undefined; owner: string; url: string; token?: string | undefined; authentication?: { scheme: string; credentials?: string | undefined } | undefined };
+/** `sequenced`: created by a request that activated the sequenced-events extension: its deliveries' bodies carry the event's sequence. */
+export type NewPushConfig = {
+  taskId: string;
+  id?: string | undefined;
+  owner: string;
+  url: string;
+  token?: string | undefined;
+  authentication?: { scheme: string; credentials?: string | undefined } | undefined;
+  sequenced?: boolean | undefined;
+};
 
 export const HINTLESS_MAX_LENGTH = 8;
 
@@ -50,9 +59,10 @@ export async function createPushConfig(db: CommonQueryMethods, sealer: Sealer, c
   const token = config.token ? sealer.sealJson(pushConfigContext(config.taskId, id, 'token'), config.token) : null;
   const credentials = config.authentication?.credentials ? sealer.sealJson(pushConfigContext(config.taskId, id, 'credentials'), config.authentication.credentials) : null;
   const row = await db.maybeOne(sql.type(configRow)`
-    INSERT INTO push_configs (task_id, id, owner, url, token, token_hint, auth_scheme, credentials, credentials_hint)
+    INSERT INTO push_configs (task_id, id, owner, url, token, token_hint, auth_scheme, credentials, credentials_hint, sequenced)
     VALUES (${config.taskId}, ${id}, ${config.owner}, ${config.url}, ${token === null ? null : sql.binary(token)}, ${secretHint(config.token)},
-      ${config.authentication?.scheme ?? null}, ${credentials === null ? null : sql.binary(credentials)}, ${secretHint(config.authentication?.credentials)})
+      ${config.authentication?.scheme ?? null}, ${credentials === null ? null : sql.binary(credentials)}, ${secretHint(config.authentication?.credentials)},
+      ${config.sequenced === true})
     ON CONFLICT (task_id, id) DO NOTHING
     RETURNING *`);
   return row ? { ok: true, row } : { ok: false, reason: 'exists' };

@@ -53,6 +53,21 @@ export async function readJournalEventToSend(db: CommonQueryMethods, sealer: Sea
   return { sequence: row.sequence, kind: row.kind, state: row.state, response: opened.value };
 }
 
+/**
+ * The highest sequence after `afterSequence`, up to `lastSequence`, that is not in the journal
+ * (a tightened ceiling removed its event; decision 0014), or null when none is missing. Sequences
+ * are written without gaps, so a count settles the common case in one index range.
+ */
+export async function lastMissingSequence(db: CommonQueryMethods, taskId: string, afterSequence: number, lastSequence: number): Promise<number | null> {
+  if (lastSequence <= afterSequence) return null;
+  const present = await db.oneFirst(sql.type(z.object({ n: z.number() }))`
+    SELECT count(*)::int AS n FROM a2a_events WHERE task_id = ${taskId} AND sequence > ${afterSequence} AND sequence <= ${lastSequence}`);
+  if (present === lastSequence - afterSequence) return null;
+  return db.oneFirst(sql.type(z.object({ missing: z.number() }))`
+    SELECT max(s)::int AS missing FROM generate_series(${afterSequence + 1}::int, ${lastSequence}::int) AS s
+    WHERE NOT EXISTS (SELECT 1 FROM a2a_events WHERE task_id = ${taskId} AND sequence = s)`);
+}
+
 /** Whether the journal announced, after `afterSequence`, a state that ends a blocking wait or a stream. */
 export async function journalEndedAfter(db: CommonQueryMethods, taskId: string, afterSequence: number): Promise<boolean> {
   return db.oneFirst(sql.type(z.object({ ended: z.boolean() }))`

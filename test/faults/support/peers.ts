@@ -73,6 +73,8 @@ export type ReceiverAction = { kind: 'ok'; delayMs?: number } | { kind: 'status'
 
 export type Receipt = {
   deliveryId: string;
+  /** The X-A2A-Event-Sequence header: the journal sequence of the event delivered. */
+  sequence: string;
   /** When the body had arrived. */
   at: number;
   /** When a 2xx answer was written completely (the sender may count it as delivered), else null. */
@@ -110,7 +112,14 @@ export async function startPushReceiver(policy: () => ReceiverAction = () => ({ 
         body = undefined;
       }
       const action = current();
-      const receipt: Receipt = { deliveryId: String(request.headers['x-keel-delivery-id'] ?? ''), at: Date.now(), ackedAt: null, action: action.kind, body };
+      const receipt: Receipt = {
+        deliveryId: String(request.headers['x-keel-delivery-id'] ?? ''),
+        sequence: String(request.headers['x-a2a-event-sequence'] ?? ''),
+        at: Date.now(),
+        ackedAt: null,
+        action: action.kind,
+        body,
+      };
       receipts.push(receipt);
       if (action.kind === 'reset') {
         request.socket.destroy();

@@ -3,6 +3,7 @@ import { canonicalizeAgentCard, generateAgentCardSignature, verifyAgentCardSigna
 import { base64url } from 'jose';
 import { describe, expect, it, vi } from 'vitest';
 import { buildAgentCard } from '../../../src/a2a/agent-card.js';
+import { SEQUENCED_EVENTS_URI } from '../../../src/a2a/sequenced-events.js';
 import { canonicalCardPayload, signAgentCard, verifyCardSignatures, type CardSigner, type ResolveKeys } from '../../../src/cards/card-signature.js';
 import { keyResolver } from '../../../src/cards/card-trust.js';
 import { loadConfig, type KeelConfig } from '../../../src/config/load-config.js';
@@ -223,7 +224,9 @@ describe('the canonical payload', () => {
     const signed = await signAgentCard(card, signer('EdDSA', keyPairs.EdDSA().privateKey));
     expect(canonicalCardPayload(signed)).toBe(payload);
     // Sorted keys at every level, no whitespace, and the fields Keel serves are in it.
-    expect(payload.startsWith('{"capabilities":{"extendedAgentCard":true,"extensions":[{"description":"an extension","uri":"https://example.com/ext/v1"}]')).toBe(true);
+    // The agent's extension, then Keel's own (sequenced events), which every agent declares.
+    expect(payload.startsWith('{"capabilities":{"extendedAgentCard":true,"extensions":[{"description":"an extension","uri":"https://example.com/ext/v1"},{"description":')).toBe(true);
+    expect(payload).toContain(`"uri":"${SEQUENCED_EVENTS_URI}"}]`);
     expect(payload).not.toMatch(/\s"|":\s/);
     const parsed = JSON.parse(payload) as Json;
     expect(Object.keys(parsed)).toEqual(Object.keys(parsed).sort());
