@@ -1,6 +1,7 @@
 import { sql, type DatabasePool } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { SEQUENCED_EVENTS_URI } from '../../src/a2a/sequenced-events.js';
 import { readJournal, type JournalEvent } from '../../src/tasks/journal.js';
 import { takeSseEvents } from '../support/sse.js';
 import { TEST_TOOLS_MODULE } from '../support/run-helpers.js';
@@ -30,7 +31,8 @@ import { SUITE_WRITE_PATH_ENV } from '../support/suite-write-path.js';
 // created their task stay open across the crash. Every task completes with its result and its
 // COMPLETED pushed, no event reaches the receiver under two delivery ids, and every event a stream
 // or the receiver was shown is still in the journal, unchanged, after crash recovery; a stream
-// resumed with Last-Event-ID continues at the next sequence to COMPLETED.
+// resumed with Last-Event-ID continues at the next sequence to COMPLETED, and one resumed with the
+// sequenced-events extension from a random point gets the stamped Task, then every event after it.
 
 /** How long Keel may take to answer again once Postgres accepts connections: seconds, not minutes. */
 const ANSWER_AGAIN_BOUND_MS = 15_000;
@@ -236,6 +238,32 @@ function resubscribe(api: string, token: string, binding: Binding, taskId: strin
   return openStream(`${api}/a2a/chunks`, { ...headers, 'content-type': 'application/json' }, JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'SubscribeToTask', params: { id: taskId } }));
 }
 
+/**
+ * SubscribeToTask with the sequenced-events extension activated (docs/extensions/sequenced-events.md),
+ * resuming after `afterSequence`: `Last-Event-ID` on HTTP+JSON, `params.metadata` on JSON-RPC.
+ */
+function resubscribeSequenced(api: string, token: string, binding: Binding, taskId: string, afterSequence: number): Promise<SseStream> {
+  const activated = { 'a2a-extensions': SEQUENCED_EVENTS_URI };
+  if (binding === 'rest') return openStream(`${api}/a2a/chunks/tasks/${taskId}:subscribe`, sseHeaders(token, { ...activated, 'last-event-id': String(afterSequence) }), null);
+  const params = { id: taskId, metadata: { [SEQUENCED_EVENTS_URI]: { afterSequence } } };
+  return openStream(`${api}/a2a/chunks`, sseHeaders(token, { ...activated, 'content-type': 'application/json' }), JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'SubscribeToTask', params }));
+}
+
+/** The extension's entry in a StreamResponse's own metadata (a Task's `lastSequence`, an event's `sequence`). */
+function sequenceEntryOf(response: Record<string, unknown>): { sequence?: number; lastSequence?: number } | undefined {
+  const inner = Object.values(response)[0] as { metadata?: Record<string, unknown> } | undefined;
+  return inner?.metadata?.[SEQUENCED_EVENTS_URI] as { sequence?: number; lastSequence?: number } | undefined;
+}
+
+/** A stamped StreamResponse as the journal holds it: without the extension's entry (and without metadata it alone filled). */
+function unstamped(response: Record<string, unknown>): Record<string, unknown> {
+  const [key, inner] = Object.entries(response)[0] ?? [];
+  if (key === undefined || typeof inner !== 'object' || inner === null) return response;
+  const { metadata, ...rest } = inner as { metadata?: Record<string, unknown> };
+  const { [SEQUENCED_EVENTS_URI]: _entry, ...others } = metadata ?? {};
+  return { [key]: Object.keys(others).length > 0 ? { ...rest, metadata: others } : rest };
+}
+
 /** The StreamResponse a frame carries (JSON-RPC wraps it in `result`). */
 const responseOf = (frame: Frame, binding: Binding) => ((binding === 'jsonrpc' ? frame.data.result : frame.data) as Record<string, unknown> | undefined) ?? {};
 
@@ -254,13 +282,13 @@ function brief(response: Record<string, unknown>): string {
 /** JSON as it travels: what a client can compare with what it read. */
 const wire = (value: unknown) => JSON.stringify(value);
 
-type StreamTrace = { index: number; binding: Binding; taskId: string; creating: SseStream; beforeCrash: Frame[]; lastBeforeCrash: number; resumed: SseStream | null; replay: SseStream | null };
+type StreamTrace = { index: number; binding: Binding; taskId: string; creating: SseStream; beforeCrash: Frame[]; lastBeforeCrash: number; resumed: SseStream | null; replay: SseStream | null; sequenced: SseStream | null; sequencedAfter: number };
 
 /**
  * What a client shown `frames` must still find in the journal: each event (id ≥ 1; id 0 is the
  * creating stream's SUBMITTED Task, not a journal event) at its sequence, with the same content.
  */
-function shownProblems(label: string, frames: readonly Frame[], binding: Binding, journal: ReadonlyMap<number, JournalEvent>): string[] {
+function shownProblems(label: string, frames: readonly Frame[], binding: Binding, journal: ReadonlyMap<number, JournalEvent>, stamped = false): string[] {
   const problems: string[] = [];
   for (const frame of frames) {
     if (frame.id === null) {
@@ -268,7 +296,8 @@ function shownProblems(label: string, frames: readonly Frame[], binding: Binding
       continue;
     }
     if (frame.id === 0) continue;
-    const shown = responseOf(frame, binding);
+    const shown = stamped ? unstamped(responseOf(frame, binding)) : responseOf(frame, binding);
+    if (stamped && sequenceEntryOf(responseOf(frame, binding))?.sequence !== frame.id) problems.push(`${label}: event ${frame.id} carries sequence ${JSON.stringify(sequenceEntryOf(responseOf(frame, binding)))}`);
     const event = journal.get(frame.id);
     if (!event) problems.push(`${label}: event ${frame.id} (${brief(shown)}) is no longer in the journal`);
     else if (wire(shown) !== wire(event.response)) problems.push(`${label}: event ${frame.id} changed: shown ${wire(shown).slice(0, 300)}, journal now ${wire(event.response).slice(0, 300)}`);
@@ -461,11 +490,14 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
           const beforeCrash = stream.frames.filter((frame) => frame.at < crashedAt);
           const taskId = (responseOf(stream.frames[0]!, binding).task as { id: string }).id;
           const lastBeforeCrash = beforeCrash[beforeCrash.length - 1]!.id!;
-          const [resumed, replay] = await Promise.all([
+          // And with the sequenced-events extension, from a random point the stream had shown.
+          const sequencedAfter = Math.floor(Math.random() * (lastBeforeCrash + 1));
+          const [resumed, replay, sequenced] = await Promise.all([
             resubscribe(node.url, token, binding, taskId, lastBeforeCrash),
             resubscribe(node.url, token, binding === 'jsonrpc' ? 'rest' : 'jsonrpc', taskId, 0),
+            resubscribeSequenced(node.url, token, binding, taskId, sequencedAfter),
           ]);
-          return { index, binding, taskId, creating: stream, beforeCrash, lastBeforeCrash, resumed, replay };
+          return { index, binding, taskId, creating: stream, beforeCrash, lastBeforeCrash, resumed, replay, sequenced, sequencedAfter };
         }),
       );
 
@@ -482,14 +514,15 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
         expected: expectedOfAgent,
       });
       // Every task has ended: its streams have ended too (a creating stream the crash left open is cut).
-      const open = traces.flatMap((trace) => [trace.creating, trace.resumed, trace.replay]).filter((stream): stream is SseStream => stream !== null);
+      const open = traces.flatMap((trace) => [trace.creating, trace.resumed, trace.replay, trace.sequenced]).filter((stream): stream is SseStream => stream !== null);
       await until(() => open.every((stream) => stream.done()), 30_000, 100);
       const endings = await Promise.all(
         traces.map(async (trace) => {
           const creatingEnd = trace.creating.done() ? await trace.creating.ended : (trace.creating.abort(), 'open');
           const resumedEnd = trace.resumed!.done() ? await trace.resumed!.ended : (trace.resumed!.abort(), 'open');
           const replayEnd = trace.replay!.done() ? await trace.replay!.ended : (trace.replay!.abort(), 'open');
-          return { creatingEnd, resumedEnd, replayEnd };
+          const sequencedEnd = trace.sequenced!.done() ? await trace.sequenced!.ended : (trace.sequenced!.abort(), 'open');
+          return { creatingEnd, resumedEnd, replayEnd, sequencedEnd };
         }),
       );
 
@@ -543,6 +576,23 @@ describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
           for (const problem of shownProblems('replayed', replay!.frames, other, bySequence)) say(problem);
         } else {
           say(`replay from 0 refused: ${replay!.status} ${replay!.body.slice(0, 300)}`);
+        }
+        // The extension's resume from a random point: the Task first (stamped with the last
+        // sequence it reflects), then every event after the point, each carrying its own number,
+        // none missing, none twice, none changed, to COMPLETED.
+        const sequenced = trace.sequenced!;
+        if (sequenced.contentType.includes('text/event-stream')) {
+          const [snapshot, ...events] = sequenced.frames;
+          const stamp = snapshot ? sequenceEntryOf(responseOf(snapshot, binding)) : undefined;
+          if (!snapshot || !('task' in responseOf(snapshot, binding)) || typeof stamp?.lastSequence !== 'number' || stamp.lastSequence < trace.sequencedAfter) {
+            say(`the sequenced resume after ${trace.sequencedAfter} did not start with a stamped Task: ${snapshot ? JSON.stringify(responseOf(snapshot, binding)).slice(0, 200) : 'nothing'}`);
+          }
+          const expectedIds = journal.filter((event) => event.sequence > trace.sequencedAfter).map((event) => event.sequence);
+          if (wire(events.map((frame) => frame.id)) !== wire(expectedIds)) say(`sequenced resume after ${trace.sequencedAfter}: ids ${events.map((frame) => frame.id).join(',')} ≠ journal ${expectedIds.join(',')}`);
+          for (const problem of shownProblems('sequenced resume', events, binding, bySequence, true)) say(problem);
+          if (ending.sequencedEnd !== 'end') say(`the sequenced resume ended by ${ending.sequencedEnd}`);
+        } else {
+          say(`sequenced resume after ${trace.sequencedAfter} refused: ${sequenced.status} ${sequenced.body.slice(0, 300)}`);
         }
         if (journal[journal.length - 1]?.state !== 'TASK_STATE_COMPLETED') say(`the journal ends ${journal[journal.length - 1]?.state ?? 'empty'}`);
       }
