@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type { DatabasePool } from 'slonik';
 import type { AgentRegistry, RegisteredAgent } from '../agents/agent-registry.js';
 import type { CardSigner } from '../cards/card-signature.js';
@@ -301,7 +302,10 @@ export class A2AService {
       );
     }
     const input = fingerprintInputOf(caller.agent.config.id, params);
-    return ok({ key: header ?? params.message.messageId, fromHeader: header !== undefined, input, fingerprint: messageFingerprint(this.deps.sealer.ring, input) });
+    // With a2a.messageIdIsKey off, a message without an Idempotency-Key gets a key no other
+    // message has: it is always new, as before idempotency (decision 0076).
+    const key = header ?? (this.deps.config.a2a.messageIdIsKey ? params.message.messageId : `unkeyed:${randomUUID()}`);
+    return ok({ key, fromHeader: header !== undefined, input, fingerprint: messageFingerprint(this.deps.sealer.ring, input) });
   }
 
   /**

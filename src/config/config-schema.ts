@@ -134,6 +134,11 @@ const a2aSchema = z
     maxArtifactBytes: z.number().int().min(1024).max(256 * 1024 * 1024).default(4 * 1024 * 1024),
     /** Bytes of task revisions kept opened and serialized for concurrent readers (0: none kept, only in-flight reads shared). */
     taskCacheBytes: z.number().int().min(0).max(4 * 1024 * 1024 * 1024).default(64 * 1024 * 1024),
+    /**
+     * Whether a message's messageId is its idempotency key when the client sends no Idempotency-Key
+     * (decision 0076). Off only for clients that reuse messageIds for different messages.
+     */
+    messageIdIsKey: z.boolean().default(true),
     streams: a2aStreamsSchema.default({}),
   })
   .strict();
