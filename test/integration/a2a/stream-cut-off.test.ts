@@ -1,10 +1,10 @@
 import { Agent, request as httpRequest } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createClient } from '../../../src/auth/client-repository.js';
 import { TEST_TOOLS_MODULE } from '../../support/run-helpers.js';
 import { takeSseEvents } from '../../support/sse.js';
-import { cutOffs, floodProvider, liveMemoryMb, startFloodTask, tcpSocketState } from '../../support/stream-flood.js';
+import { cutOffs, floodProvider, liveMemoryMb, sseSubscribeRequest, stalledSseSubscriber, startFloodTask, tcpSocket, type StalledSubscriber } from '../../support/stream-flood.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
 
@@ -57,40 +57,8 @@ afterAll(async () => {
 
 const a2aHeaders = () => ({ authorization: `Bearer ${token}`, 'a2a-version': '1.0', 'content-type': 'application/json' });
 
-const subscribeRequest = (taskId: string, jsonRpc: boolean) =>
-  jsonRpc
-    ? { method: 'POST', path: '/a2a/flood', body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'SubscribeToTask', params: { id: taskId } }) }
-    : { method: 'GET', path: `/a2a/flood/tasks/${taskId}:subscribe`, body: undefined };
-
-type Stalled = { socket: Socket; localPort: number; head: string; received: () => number; ended: Promise<string> };
-
-/** A raw connection that sends SubscribeToTask, takes the response's first chunk and then reads nothing. */
-function stalledSubscriber(taskId: string, jsonRpc: boolean): Promise<Stalled> {
-  return new Promise((resolve, reject) => {
-    const socket = connect({ host: '127.0.0.1', port });
-    sockets.push(socket);
-    let received = 0;
-    const ended = new Promise<string>((settle) => {
-      socket.on('error', (error: NodeJS.ErrnoException) => settle(error.code ?? error.message));
-      socket.on('close', () => settle('close'));
-    });
-    socket.once('connect', () => {
-      const { method, path, body } = subscribeRequest(taskId, jsonRpc);
-      const length = body === undefined ? '' : `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n`;
-      socket.write(`${method} ${path} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nAuthorization: Bearer ${token}\r\nA2A-Version: 1.0\r\n${length}\r\n${body ?? ''}`);
-    });
-    socket.once('error', reject);
-    socket.on('data', (chunk: Buffer) => {
-      if (received === 0) {
-        // Stop reading: Node takes nothing more from the kernel once its small buffer is full, and
-        // the kernel's receive window closes.
-        socket.pause();
-        socket.off('error', reject);
-        resolve({ socket, localPort: socket.localPort!, head: chunk.toString('latin1', 0, 400), received: () => received, ended });
-      }
-      received += chunk.length;
-    });
-  });
+function stalledSubscriber(taskId: string, jsonRpc: boolean): Promise<StalledSubscriber> {
+  return stalledSseSubscriber({ port, token, agent: 'flood', taskId, jsonRpc, sockets });
 }
 
 type Reading = { events: Json[]; ids: number[]; endedAt: number; closedAt: Promise<number> };
@@ -101,7 +69,7 @@ type Reading = { events: Json[]; ids: number[]; endedAt: number; closedAt: Promi
  * Keel closed the connection. `attached` resolves with its first event (the task's snapshot).
  */
 function readingSubscriber(taskId: string, jsonRpc: boolean): { attached: Promise<void>; read: Promise<Reading> } {
-  const { method, path, body } = subscribeRequest(taskId, jsonRpc);
+  const { method, path, body } = sseSubscribeRequest('flood', taskId, jsonRpc);
   const agent = new Agent({ keepAlive: true, maxSockets: 1 });
   let attach: () => void = () => undefined;
   const attached = new Promise<void>((resolve) => (attach = resolve));
@@ -217,8 +185,8 @@ describe('SSE stream backpressure', () => {
     // Keel holds no socket for them: reset, not waiting behind the bytes the client does not take.
     // The clients' sockets are gone from the kernel's table too, as after a reset (a FIN would
     // leave them CLOSE_WAIT), though their processes have not closed them.
-    await waitFor(async () => stalled.every((subscriber) => tcpSocketState(port, subscriber.localPort) === null), "Keel's side of the stalled connections to be gone", 5_000);
-    for (const subscriber of stalled) expect(tcpSocketState(subscriber.localPort, port)).toBeNull();
+    await waitFor(async () => stalled.every((subscriber) => tcpSocket(port, subscriber.localPort) === null), "Keel's side of the stalled connections to be gone", 5_000);
+    for (const subscriber of stalled) expect(tcpSocket(subscriber.localPort, port)).toBeNull();
 
     // The readers got every event of the task, unharmed by the stalled streams beside them.
     const reads = await Promise.all(readers);
