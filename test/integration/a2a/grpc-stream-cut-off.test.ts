@@ -28,7 +28,7 @@ const CHUNKS = 24;
 const CHUNK_CHARS = 128 * 1024;
 const PAYLOAD_BYTES = CHUNKS * CHUNK_CHARS;
 const PAUSED_CALLS = 4;
-const RAW_STREAMS = 40;
+const RAW_STREAMS = 80;
 /** HTTP/2's initial stream window (RFC 9113 §6.9.2), all a raw stream that does not read is sent. */
 const INITIAL_WINDOW = 65_535;
 
