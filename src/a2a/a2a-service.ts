@@ -162,8 +162,8 @@ function referencedPart(part: WireMessage['parts'][number]): unknown {
 
 /** The streams' backpressure of a configuration, reporting the task cache in its metrics. */
 export function streamFlowOf(config: KeelConfig, cache: TaskRevisionCache): StreamFlow {
-  const { maxBufferedBytes, stallTimeoutSeconds } = config.a2a.streams;
-  return new StreamFlow({ maxBufferedBytes, stallTimeoutMs: stallTimeoutSeconds * 1000 }, () => cache.stats());
+  const { maxBufferedBytes, stallTimeoutSeconds, keepAliveSeconds } = config.a2a.streams;
+  return new StreamFlow({ maxBufferedBytes, stallTimeoutMs: stallTimeoutSeconds * 1000, keepAliveMs: keepAliveSeconds * 1000 }, () => cache.stats());
 }
 
 export class A2AService {

@@ -3,7 +3,8 @@ import type { KeelLogger } from '../log/logger.js';
 import { drainedWithin, WRITE_SLICE_BYTES, type CutOffReason, type StreamFlow } from './stream-flow.js';
 
 // Server-Sent Events on a hijacked reply: every event carries `id: <journal sequence>` so a client
-// can resume with Last-Event-ID. A comment line keeps idle connections from timing out.
+// can resume with Last-Event-ID. A comment line (every a2a.streams.keepAliveSeconds, between
+// events only) keeps idle connections from timing out.
 //
 // Backpressure (stream-flow.ts): an event is written in slices while the reply holds less than
 // a2a.streams.maxBufferedBytes the client has not taken; at the bound the writer waits for the
@@ -29,7 +30,7 @@ export type SseFlow = { flow: StreamFlow; logger: KeelLogger; context: Record<st
 
 export function openSse(request: FastifyRequest, reply: FastifyReply, headers: Record<string, string>, flowOf: SseFlow): SseWriter {
   const { flow, logger, context } = flowOf;
-  const { maxBufferedBytes, stallTimeoutMs } = flow.limits;
+  const { maxBufferedBytes, stallTimeoutMs, keepAliveMs } = flow.limits;
   reply.hijack();
   const raw = reply.raw;
   raw.writeHead(200, {
@@ -42,8 +43,11 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   raw.flushHeaders?.();
   const connection = raw.socket;
   const abort = new AbortController();
-  // A keep-alive line only goes out to a client that is taking what it is sent.
-  const keepAlive = setInterval(() => raw.writableLength < maxBufferedBytes && raw.write(': keep-alive\n\n'), 15_000);
+  // A keep-alive line only goes out between events (an event is written in slices, with waits
+  // between them: a comment line there would split its data line and corrupt it) and to a client
+  // that is taking what it is sent.
+  let inEvent = false;
+  const keepAlive = setInterval(() => !inEvent && raw.writableLength < maxBufferedBytes && raw.write(': keep-alive\n\n'), keepAliveMs);
   keepAlive.unref();
   const done = () => {
     clearInterval(keepAlive);
@@ -93,9 +97,14 @@ export function openSse(request: FastifyRequest, reply: FastifyReply, headers: R
   return {
     signal: abort.signal,
     send: async (id, pieces) => {
-      if (!(await write(`id: ${id}\ndata: `))) return false;
-      for (const piece of pieces) if (!(await write(piece))) return false;
-      return write('\n\n');
+      inEvent = true;
+      try {
+        if (!(await write(`id: ${id}\ndata: `))) return false;
+        for (const piece of pieces) if (!(await write(piece))) return false;
+        return await write('\n\n');
+      } finally {
+        inEvent = false;
+      }
     },
     close: () => {
       done();

@@ -14,7 +14,8 @@ import type { TaskRevisionCacheStats } from '../tasks/task-revision-cache.js';
 // Payloads are shared, not copied per stream: each event's JSON is encoded once (eventJson) and a
 // stream writes slices of that buffer, so a thousand streams of one large event hold one copy.
 
-export type StreamLimits = { maxBufferedBytes: number; stallTimeoutMs: number };
+/** `keepAliveMs`: how often an SSE stream sends a comment line between events. */
+export type StreamLimits = { maxBufferedBytes: number; stallTimeoutMs: number; keepAliveMs: number };
 export type StreamBinding = 'sse' | 'grpc';
 /** Why a stream was cut off: its buffer stayed full, or its last bytes were not taken after it ended. */
 export type CutOffReason = 'stalled' | 'unflushed_end';

@@ -122,6 +122,8 @@ const a2aStreamsSchema = z
     maxBufferedBytes: z.number().int().min(16 * 1024).max(64 * 1024 * 1024).default(256 * 1024),
     /** How long a stream may wait for its client to take bytes before it is cut off. */
     stallTimeoutSeconds: z.number().min(0.1).max(3600).default(30),
+    /** How often an idle SSE stream sends a comment line, so proxies do not drop it (never inside an event). */
+    keepAliveSeconds: z.number().min(0.1).max(3600).default(15),
   })
   .strict();
 

@@ -1,7 +1,7 @@
 import { BinaryReader } from '@bufbuild/protobuf/wire';
 import { decodeErrorInfo, decodeStatus, GRPC_STATUS_DETAILS_BIN } from '@a2a-js/sdk/errors/grpc';
 import { A2AService } from '@a2a-js/sdk/server/grpc';
-import { credentials, makeGenericClientConstructor, Metadata, type Client, type ServiceError } from '@grpc/grpc-js';
+import { credentials, makeGenericClientConstructor, Metadata, type ChannelOptions, type Client, type ServiceError } from '@grpc/grpc-js';
 import { expect } from 'vitest';
 
 // gRPC on the wire, for what the official client does not show or will not send: response
@@ -13,8 +13,8 @@ export const BAD_REQUEST_TYPE = 'type.googleapis.com/google.rpc.BadRequest';
 
 const A2AClient = makeGenericClientConstructor(A2AService, 'lf.a2a.v1.A2AService');
 
-export function rawGrpcClient(address: string): Client {
-  return new A2AClient(address, credentials.createInsecure());
+export function rawGrpcClient(address: string, options: ChannelOptions = {}): Client {
+  return new A2AClient(address, credentials.createInsecure(), options);
 }
 
 /** Metadata from plain pairs (a value of null leaves the key out). */
