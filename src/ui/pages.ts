@@ -56,9 +56,14 @@ export function machinesContent(
   counts: Record<string, Record<string, number | null>>,
   agents: { machines: readonly AgentMachine[]; counts: Record<string, Record<string, number>> } = { machines: [], counts: {} },
 ): Html {
+  // The team's own agents come first: they are what an operator opens this page for; Keel's built-in
+  // lifecycles follow under a heading of their own.
   return html`<h1>Machines</h1>
+${agentMachinesContent(agents.machines, agents.counts)}
+<h2 id="built-in-lifecycles">Built-in lifecycles</h2>
 <p class="muted">Each lifecycle drawn from its XState definition in <code>machines/</code>, with the number of rows in each state now.
-Click a state to list its rows. Dashed edges lead back to an earlier state; italic labels are guarded transitions.</p>
+Click a state to list its rows. Dashed edges lead back to an earlier state; a guarded transition shows its guard in brackets, in italics.
+One event leading to a final state from many states is drawn once, from a dot its sources join at.</p>
 <div class="machines">
 ${catalog.map((entry) => {
   const source = ROW_SOURCES[entry.id];
@@ -84,8 +89,7 @@ ${catalog.map((entry) => {
   </details>
 </section>`;
 })}
-</div>
-${agentMachinesContent(agents.machines, agents.counts)}`;
+</div>`;
 }
 
 export function stateRowsContent(entry: CatalogEntry, state: string, list: RowList | null, limit: number): Html {
