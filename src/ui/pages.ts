@@ -147,7 +147,7 @@ function stepApprovalDetails(step: StepApproval): Html {
 in state <strong class="mono" data-state>${step.state}</strong> is waiting for an operator's decision.</p>`;
   if (step.input === null) {
     return html`${named}<p class="muted" data-input-not-kept>What it asks is not shown: this run keeps no content at its audit level (<code>${step.level}</code>)${step.fields.length > 0 ? html`; its details have the fields ${step.fields.join(', ')}` : ''}.
-Runs keep it with <code>privacy.level</code>, or the agent's <code>privacy.auditLevel</code>, set to <code>redacted</code> or <code>full</code>.</p>`;
+Runs keep it with <code>privacy.level</code> set to <code>redacted</code> or <code>full</code> (an agent's or provider's <code>privacy.auditLevel</code> can only lower it).</p>`;
   }
   const details = step.input.details && Object.keys(step.input.details).length > 0 ? html`<pre data-details>${JSON.stringify(step.input.details, null, 2)}</pre>` : '';
   return html`${named}<p>It asks: <q data-summary>${step.input.summary}</q>${step.level === 'redacted' ? html` <span class="muted">(redacted, as this run's audit level keeps it)</span>` : ''}</p>${details}`;

@@ -43,7 +43,7 @@ describe('a statechart step waiting for approval', () => {
     const text = pendingApprovalDetails(pending, metadata).text;
     expect(text).toContain('data-step>approval<');
     expect(text).toContain('this run keeps no content at its audit level (<code>metadata</code>); its details have the fields amount, customer.');
-    expect(text).toContain(`<code>privacy.level</code>, or the agent's <code>privacy.auditLevel</code>, set to <code>redacted</code> or <code>full</code>`);
+    expect(text).toContain(`Runs keep it with <code>privacy.level</code> set to <code>redacted</code> or <code>full</code>`);
     expect(text).not.toContain('250');
     expect(text).not.toContain('ann@');
 
