@@ -19,7 +19,7 @@ import { launchHeadlessChromium, type HeadlessChromium } from '../support/headle
 type DomNode = { getAttribute(name: string): string | null; textContent: string | null };
 type DomList = Iterable<DomNode> & { forEach(callback: (node: DomNode) => void): void };
 declare const document: { querySelectorAll(selector: string): DomList; querySelector(selector: string): DomNode | null };
-declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string } };
+declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string; fontStyle: string } };
 
 const SCREENSHOTS = fileURLToPath(new URL('./screenshots/', import.meta.url));
 const MACHINE = fileURLToPath(new URL('../fixtures/statecharts/ui-refund.machine.ts', import.meta.url));
@@ -139,9 +139,16 @@ describe('a statechart agent in the operator UI', () => {
     ]);
     // Edges are named by the machine: the invoke's id, not the step it runs; guards by name; a delay by its duration.
     const triage = await shownLabels('agent/triage');
-    expect(triage).toEqual(expect.arrayContaining(['done(classify) [urgent]', 'done(classify)', 'error(classify)', 'done(file)', 'error(file)', 'after(5s)']));
+    expect(triage.sort()).toEqual(
+      ['done(classify) [and(urgent, known)], done(classify) [known]', 'done(classify)', 'error(classify)', 'after(5s)', 'after(reminder 5s)', 'done(file) [urgent]', 'error(file)'].sort(),
+    );
     expect(triage.join(' ')).not.toContain('callTool');
-    expect(await page.locator('svg.statechart[data-machine="agent/triage"] g.edge-label.guarded text').allTextContents()).toEqual(['done(classify) [urgent]']);
+    expect((await page.locator('svg.statechart[data-machine="agent/triage"] g.edge-label.guarded text').allTextContents()).sort()).toEqual([
+      'done(classify) [and(urgent, known)], done(classify) [known]',
+      'done(file) [urgent]',
+    ]);
+    // Guarded labels are drawn in italics.
+    expect(await page.evaluate(() => window.getComputedStyle(document.querySelector('svg.statechart[data-machine="agent/triage"] g.edge-label.guarded text')!).fontStyle)).toBe('italic');
     expect(await shownLabels('agent/refund')).toEqual(expect.arrayContaining(['done(classify) [large]', 'done(approve) [approved]', 'done(ask), after(1h)']));
     // The run lifecycle: CANCEL and FAIL are drawn once each, from a dot the states they leave join at.
     const run = await shownLabels('run');

@@ -1,4 +1,4 @@
-import { and, setup } from 'xstate';
+import { setup } from 'xstate';
 import { describe, expect, it } from 'vitest';
 import { runMachine } from '../../../machines/run.machine.js';
 import {
@@ -14,10 +14,11 @@ import {
   stateText,
   transitionText,
 } from '../../../src/statecharts/definition-graph.js';
-import { callTool, defineStep } from '../../../src/statecharts/steps.js';
+import { defineStep } from '../../../src/statecharts/steps.js';
 import { describeGraph, describeMachine, renderSvg, toMermaid } from '../../../src/ui/statechart.js';
 import { machine as refund } from '../../fixtures/statecharts/ui-refund.machine.js';
 import { machine as refundV2 } from '../../fixtures/statecharts/ui-refund-v2.machine.js';
+import { machine as triage } from '../../fixtures/statecharts/ui-triage.machine.js';
 
 // A statechart agent's machine as the operator surfaces read it: its states by path (nested ones
 // included), its transitions with readable labels, the runs counted per state, a run's path from
@@ -103,29 +104,6 @@ describe('the definition graph', () => {
 
   it('names transitions with the machine\'s own names: the invoke\'s id, the guard, the delay\'s duration', () => {
     // Two states running the same step (callTool) under ids of their own, as a team writes a triage agent.
-    const triage = setup({
-      actors: { callTool },
-      guards: { urgent: () => true, known: () => true },
-      delays: { reminder: 5000 },
-    }).createMachine({
-      id: 'triage',
-      initial: 'classifying',
-      states: {
-        classifying: {
-          invoke: {
-            id: 'classify',
-            src: 'callTool',
-            input: { tool: 'classify' },
-            onDone: [{ target: 'filing', guard: and(['urgent', 'known']) }, { target: 'filing', guard: { type: 'known', params: { strict: true } } }, { target: 'waiting' }],
-            onError: 'failed',
-          },
-        },
-        waiting: { after: { 5000: 'filing', reminder: 'classifying' } },
-        filing: { invoke: { id: 'file', src: 'callTool', input: { tool: 'file' }, onDone: { target: 'done', guard: 'urgent' }, onError: 'failed' } },
-        done: { type: 'final' },
-        failed: { type: 'final' },
-      },
-    });
     const graph = graphOfMachine(triage);
     expect(graph.edges.map(transitionText)).toEqual([
       'classifying --done(classify)--> filing [and(urgent, known)]',
