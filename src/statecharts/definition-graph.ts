@@ -8,8 +8,11 @@ import { stateNodesOf } from '../../machines/step-machine.js';
 //   - a state is named by its path below the machine ("review", "review.asking"), the form a state
 //     value takes once flattened; a compound or parallel state is a state of its own;
 //   - a transition is its source, its target and the event type XState gives it, with a label an
-//     operator can read: done(step) and error(step) for an invoked step's outcome, after(10s) for a
-//     delay, always for an eventless transition, done for a compound state reaching its final state;
+//     operator can read: done(id) and error(id) for an invoked step's outcome, named by the invoke's
+//     own id where the machine gives one (the name the machine's author chose: `classify`, not the
+//     step `callTool` it runs) and by its step otherwise; after(10s) for a delay, after(reminder 5s)
+//     for a named one whose duration is a number; always for an eventless transition; done for a
+//     compound state reaching its final state; and the name of its guard, if it has one;
 //   - a compound state leads to its initial child (and a parallel state to each region) by an edge
 //     marked `nest`, which is how the flat drawing shows the hierarchy;
 //   - transitions of the machine itself (an `on` at the root) start from the pseudo-state "*".
@@ -39,6 +42,8 @@ export type GraphEdge = {
   event: string;
   label: string;
   guarded: boolean;
+  /** The guard's name (a named guard, an inline function's name, and(a, b) for a combined one); null without a guard. */
+  guard: string | null;
   /** A compound state entering its initial child, or a parallel state its regions. */
   nest: boolean;
 };
@@ -55,7 +60,7 @@ export type DefinitionGraph = {
 // The JSON of a definition
 // ---------------------------------------------------------------------------------------------
 
-type TransitionJson = { target?: unknown; guard?: unknown; eventType?: unknown; event?: unknown; delay?: unknown };
+type TransitionJson = { target?: unknown; guard?: unknown; eventType?: unknown; event?: unknown; delay?: unknown; delayMs?: unknown };
 type NodeJson = {
   id?: unknown;
   key?: unknown;
@@ -69,9 +74,18 @@ type NodeJson = {
   meta?: { status?: unknown } | null;
 };
 
+/** A guard as its name: a named guard, an inline function's name, and(a, b), or(a, b), not(a) for XState's combined guards. */
 function guardName(guard: unknown): string {
   if (typeof guard === 'string') return guard;
-  if (typeof guard === 'function') return guard.name || 'inline';
+  if (typeof guard === 'function') {
+    // XState's and/or/not are functions of those names carrying their operands as `guards` (and a `check`).
+    const combined = guard as { guards?: unknown; check?: unknown };
+    if (['and', 'or', 'not'].includes(guard.name) && combined.guards !== undefined && typeof combined.check === 'function') {
+      const operands = Array.isArray(combined.guards) ? (combined.guards as unknown[]) : [combined.guards];
+      return `${guard.name}(${operands.map(guardName).join(', ')})`;
+    }
+    return guard.name || 'inline';
+  }
   if (typeof guard === 'object' && guard !== null && typeof (guard as { type?: unknown }).type === 'string') return (guard as { type: string }).type;
   return 'inline';
 }
@@ -81,11 +95,13 @@ type LiveTransition = { target?: readonly AnyStateNode[] | undefined; guard?: un
 /**
  * The JSON of a machine's definition as Keel stores it: `machine.definition` serialized, with what
  * that serialization leaves out added back, so a drawing or a diff of a stored definition misses
- * nothing: the eventless transitions (`always`, under each state's `always`), and inline guards
- * (functions, which JSON drops), named by their function's name or "inline".
+ * nothing: the eventless transitions (`always`, under each state's `always`), inline guards
+ * (functions, which JSON drops), named by their function's name or "inline", and the duration of
+ * a named delay set to a number in setup({ delays }) (as `delayMs`, so a drawing says how long).
  */
 export function definitionJson(machine: AnyStateMachine): Record<string, unknown> {
   const json = JSON.parse(JSON.stringify(machine.definition)) as NodeJson;
+  const delays = (machine.implementations as { delays?: Record<string, unknown> }).delays ?? {};
   const nodes = new Map(stateNodesOf(machine.root).map((node) => [node.id, node]));
   const walk = (entry: NodeJson) => {
     const node = typeof entry.id === 'string' ? nodes.get(entry.id) : undefined;
@@ -104,6 +120,7 @@ export function definitionJson(machine: AnyStateMachine): Record<string, unknown
         (transitions as readonly LiveTransition[]).forEach((transition, index) => {
           const target = serialized[index];
           if (target && transition.guard !== undefined && target.guard === undefined) target.guard = guardName(transition.guard);
+          if (target && typeof target.delay === 'string' && typeof delays[target.delay] === 'number') target.delayMs = delays[target.delay];
         });
       }
     }
@@ -129,20 +146,33 @@ export function formatDelay(delay: string): string {
   return `${Number((ms / 1000).toFixed(3))}s`;
 }
 
+/**
+ * The name an invoke goes by in a label: its own id when the machine gives it one, else its step.
+ * XState names an invoke without an id `${index}.${state id}` (0.refund.classifying), which says
+ * nothing to a reader: such an invoke is named by its step (`src`).
+ */
+function invokeName(source: NodeJson | null, id: string): string {
+  const invokes = source?.invoke ?? [];
+  const index = invokes.findIndex((candidate) => candidate.id === id);
+  if (index === -1) return id;
+  const invoke = invokes[index]!;
+  const generated = typeof source?.id === 'string' && id === `${index}.${source.id}`;
+  if (!generated) return id;
+  return typeof invoke.src === 'string' ? invoke.src : id;
+}
+
 /** The label of an event type on a transition leaving `source` (whose invokes name the steps). */
-function labelOf(eventType: string, source: NodeJson | null, sourceId: string): string {
-  const invokeSrc = (id: string) => {
-    const invoke = (source?.invoke ?? []).find((candidate) => candidate.id === id);
-    return typeof invoke?.src === 'string' ? invoke.src : id;
-  };
+function labelOf(eventType: string, source: NodeJson | null, sourceId: string, transition?: TransitionJson): string {
   if (eventType === '') return 'always';
-  if (eventType.startsWith('xstate.done.actor.')) return `done(${invokeSrc(eventType.slice('xstate.done.actor.'.length))})`;
-  if (eventType.startsWith('xstate.error.actor.')) return `error(${invokeSrc(eventType.slice('xstate.error.actor.'.length))})`;
+  if (eventType.startsWith('xstate.done.actor.')) return `done(${invokeName(source, eventType.slice('xstate.done.actor.'.length))})`;
+  if (eventType.startsWith('xstate.error.actor.')) return `error(${invokeName(source, eventType.slice('xstate.error.actor.'.length))})`;
   if (eventType.startsWith('xstate.done.state.')) return 'done';
   if (eventType.startsWith('xstate.after.')) {
     const rest = eventType.slice('xstate.after.'.length);
     const delay = rest.endsWith(`.${sourceId}`) ? rest.slice(0, -(sourceId.length + 1)) : rest;
-    return `after(${formatDelay(delay)})`;
+    // A named delay whose duration is known says both: after(reminder 5s).
+    const duration = typeof transition?.delayMs === 'number' && !/^\d+(\.\d+)?$/.test(delay) ? ` ${formatDelay(String(transition.delayMs))}` : '';
+    return `after(${formatDelay(delay)}${duration})`;
   }
   return eventType;
 }
@@ -189,7 +219,8 @@ export function readDefinitionGraph(definition: unknown): DefinitionGraph | null
       for (const target of targetsOf(transition)) {
         const to = pathOfId.get(target);
         if (to === undefined || to === '') continue;
-        edges.push({ from, to, event: eventType, label: labelOf(eventType, node, sourceId), guarded: transition.guard !== undefined && transition.guard !== null, nest: false });
+        const guarded = transition.guard !== undefined && transition.guard !== null;
+        edges.push({ from, to, event: eventType, label: labelOf(eventType, node, sourceId, transition), guarded, guard: guarded ? guardName(transition.guard) : null, nest: false });
       }
     };
     for (const [eventType, transitions] of Object.entries(node.on ?? {})) {
@@ -198,11 +229,11 @@ export function readDefinitionGraph(definition: unknown): DefinitionGraph | null
     for (const transition of Array.isArray(node.always) ? node.always : []) add(transition, '');
     if (path === '') continue;
     if (node.type === 'parallel') {
-      for (const key of Object.keys(node.states ?? {})) edges.push({ from: path, to: `${path}.${key}`, event: INIT_EVENT, label: 'parallel', guarded: false, nest: true });
+      for (const key of Object.keys(node.states ?? {})) edges.push({ from: path, to: `${path}.${key}`, event: INIT_EVENT, label: 'parallel', guarded: false, guard: null, nest: true });
     } else if (node.type === 'compound' && node.initial) {
       for (const target of targetsOf(node.initial as TransitionJson)) {
         const to = pathOfId.get(target);
-        if (to !== undefined && to !== '') edges.push({ from: path, to, event: INIT_EVENT, label: 'initial', guarded: false, nest: true });
+        if (to !== undefined && to !== '') edges.push({ from: path, to, event: INIT_EVENT, label: 'initial', guarded: false, guard: null, nest: true });
       }
     }
   }
@@ -394,15 +425,15 @@ export type DefinitionDiff = {
 
 const invokesText = (invokes: GraphState['invokes']) => (invokes.length === 0 ? 'none' : invokes.map((invoke) => `${invoke.src} (id ${invoke.id})`).join(', '));
 
-/** A transition as a line of a diff: "classifying --done(classify)--> review", [guarded] when it has a guard. */
+/** A transition as a line of a diff: "classifying --done(classify)--> review", with [its guard's name] when it has one. */
 export function transitionText(edge: GraphEdge): string {
-  return `${edge.from} --${edge.label}--> ${edge.to}${edge.guarded ? ' [guarded]' : ''}`;
+  return `${edge.from} --${edge.label}--> ${edge.to}${edge.guarded ? ` [${edge.guard ?? 'guarded'}]` : ''}`;
 }
 
 /**
  * What changed from `older` to `current`: states by path, transitions by source, label, target and
- * whether they are guarded (the label, not the raw event type: an invoke given an explicit id is
- * the same transition; a step renamed is not), and the invokes of the states both have (by id and
+ * guard (the label, not the raw event type: a step renamed under the same invoke id is the same
+ * transition, an invoke given another id or a guard renamed is not), and the invokes of the states both have (by id and
  * step: the id is what a waiting run's answer is delivered by).
  */
 export function diffDefinitions(older: DefinitionGraph, current: DefinitionGraph): DefinitionDiff {

@@ -12,6 +12,7 @@ import { pill } from './layout.js';
 import type { CatalogEntry } from './machine-catalog.js';
 import { maskUrl, pushConfigHref, ROW_SOURCES, runHref, type Cell, type RowList } from './machine-rows.js';
 import { renderSvg, toMermaid } from './statechart.js';
+import type { StepApproval } from './step-approval.js';
 import type { DependencyOverview, ListedRun, RunFilter, TaskInfo } from './ui-queries.js';
 
 // The operator pages' content, as escaped HTML built from template strings. Every value that came
@@ -56,9 +57,14 @@ export function machinesContent(
   counts: Record<string, Record<string, number | null>>,
   agents: { machines: readonly AgentMachine[]; counts: Record<string, Record<string, number>> } = { machines: [], counts: {} },
 ): Html {
+  // The team's own agents come first: they are what an operator opens this page for; Keel's built-in
+  // lifecycles follow under a heading of their own.
   return html`<h1>Machines</h1>
+${agentMachinesContent(agents.machines, agents.counts)}
+<h2 id="built-in-lifecycles">Built-in lifecycles</h2>
 <p class="muted">Each lifecycle drawn from its XState definition in <code>machines/</code>, with the number of rows in each state now.
-Click a state to list its rows. Dashed edges lead back to an earlier state; italic labels are guarded transitions.</p>
+Click a state to list its rows. Dashed edges lead back to an earlier state; a guarded transition shows its guard in brackets, in italics.
+One event leading to a final state from many states is drawn once, from a dot its sources join at.</p>
 <div class="machines">
 ${catalog.map((entry) => {
   const source = ROW_SOURCES[entry.id];
@@ -84,8 +90,7 @@ ${catalog.map((entry) => {
   </details>
 </section>`;
 })}
-</div>
-${agentMachinesContent(agents.machines, agents.counts)}`;
+</div>`;
 }
 
 export function stateRowsContent(entry: CatalogEntry, state: string, list: RowList | null, limit: number): Html {
@@ -132,11 +137,24 @@ ${older ? html`<p><a href="/ui/runs${older}">Older runs →</a></p>` : ''}`;
 }
 
 export type PendingView =
-  | { kind: 'approval'; pending: PendingApproval }
+  | { kind: 'approval'; pending: PendingApproval; step: StepApproval | null }
   | { kind: 'input'; tool: string; prompt: string; schema: unknown }
   | { kind: 'unreadable'; detail: string };
 
-export function pendingApprovalDetails(pending: PendingApproval): Html {
+/** A statechart step waiting for an operator: which state and step, and what it asks where the run's audit level keeps content. */
+function stepApprovalDetails(step: StepApproval): Html {
+  const named = html`<p class="step-approval">The step <strong class="mono" data-step>${step.step}</strong>${step.src !== step.step ? html` <span class="muted">(${step.src})</span>` : ''}
+in state <strong class="mono" data-state>${step.state}</strong> is waiting for an operator's decision.</p>`;
+  if (step.input === null) {
+    return html`${named}<p class="muted" data-input-not-kept>What it asks is not shown: this run keeps no content at its audit level (<code>${step.level}</code>)${step.fields.length > 0 ? html`; its details have the fields ${step.fields.join(', ')}` : ''}.
+Runs keep it with <code>privacy.level</code> set to <code>redacted</code> or <code>full</code> (an agent's or provider's <code>privacy.auditLevel</code> can only lower it).</p>`;
+  }
+  const details = step.input.details && Object.keys(step.input.details).length > 0 ? html`<pre data-details>${JSON.stringify(step.input.details, null, 2)}</pre>` : '';
+  return html`${named}<p>It asks: <q data-summary>${step.input.summary}</q>${step.level === 'redacted' ? html` <span class="muted">(redacted, as this run's audit level keeps it)</span>` : ''}</p>${details}`;
+}
+
+export function pendingApprovalDetails(pending: PendingApproval, step: StepApproval | null = null): Html {
+  if (step) return stepApprovalDetails(step);
   if (pending.kind === 'tools') {
     return html`<p>The model asked to call ${pending.calls.length === 1 ? 'this tool' : html`these ${pending.calls.length} tools`}:</p>
 ${pending.calls.map((call) => html`<div class="pending-call"><strong class="mono">${call.name}</strong> <span class="muted mono">${call.id}</span><pre>${JSON.stringify(call.arguments, null, 2)}</pre></div>`)}`;
@@ -216,7 +234,7 @@ export function runContent(data: RunPageData, csrf: string): Html {
     if (!data.pending) return html``;
     switch (data.pending.kind) {
       case 'approval':
-        return html`<div class="card"><h3>Waiting for approval</h3>${pendingApprovalDetails(data.pending.pending)}
+        return html`<div class="card"><h3>Waiting for approval</h3>${pendingApprovalDetails(data.pending.pending, data.pending.step)}
 <p class="muted">turn digest <code>${data.pending.pending.digest}</code></p>${decisionForms(run.id, data.pending.pending.digest, csrf)}</div>`;
       case 'input':
         return html`<div class="card"><h3>Waiting for input</h3><p>Tool <code>${data.pending.tool}</code> asks: ${data.pending.prompt}</p><pre>${JSON.stringify(data.pending.schema, null, 2)}</pre>
@@ -272,6 +290,8 @@ export type ApprovalItem = {
   client: string | null;
   since: number;
   pending: PendingApproval | null;
+  /** A statechart step's approval: which state and step wait, and what it asks. */
+  step: StepApproval | null;
   problem: string | null;
 };
 
@@ -284,7 +304,7 @@ ${items.length === 0
     : items.map((item) => html`<div class="card approval" data-run="${item.id}">
 <h3><a class="mono" href="${runHref(item.id)}">${item.id}</a> <span class="muted">· agent ${item.agent}${item.client ? ` · client ${item.client}` : ''} · waiting since ${formatTime(item.since)}</span></h3>
 ${item.pending
-  ? html`${pendingApprovalDetails(item.pending)}<p class="muted">turn digest <code>${item.pending.digest}</code></p>${decisionForms(item.id, item.pending.digest, csrf)}`
+  ? html`${pendingApprovalDetails(item.pending, item.step)}<p class="muted">turn digest <code>${item.pending.digest}</code></p>${decisionForms(item.id, item.pending.digest, csrf)}`
   : html`<div class="note">The pending turn cannot be shown: ${item.problem ?? 'unknown'}. Decide with the CLI after checking the run.</div>`}
 </div>`)}`;
 }

@@ -15,8 +15,13 @@ import { escapeHtml } from './html.js';
 // A lifecycle machine of machines/ is flat: its states and the events between them. A statechart
 // agent's machine may nest states and invoke steps: it is drawn from its definition graph
 // (src/statecharts/definition-graph.ts), every state named by its path ("review.asking"), a
-// compound state leading to its initial child by a dotted edge, and transitions labelled as an
-// operator reads them (done(step), after(10s), always).
+// compound state leading to its initial child by a dotted edge, and transitions labelled with the
+// machine's own names (done(classify) by the invoke's id, after(5s), always), a guarded one with
+// its guard's name in brackets: done(classify) [large].
+//
+// One event leading to a final state from many states (the run lifecycle's CANCEL and FAIL, a
+// statechart's error(step) → failed) is drawn once: its sources join at a dot, and a single
+// labelled edge goes on from the dot, instead of a pile of identical labels at the final state.
 
 export type StateModel = {
   name: string;
@@ -25,11 +30,15 @@ export type StateModel = {
   /** A nested machine's state kind; "any" is the pseudo-state of transitions on the machine itself. */
   kind?: StateKind | 'any';
 };
-/** A transition; `label` is what is drawn when it differs from the event type, `nest` marks a compound state's edge to its initial child. */
-export type EdgeModel = MachineEdge & { label?: string; nest?: boolean };
+/**
+ * A transition; `label` is what is drawn when it differs from the event type, `guard` its guard's
+ * name (absent: a guarded edge shows [guarded]), `nest` marks a compound state's edge to its initial child.
+ */
+export type EdgeModel = MachineEdge & { label?: string; guard?: string; nest?: boolean };
 export type MachineModel = { id: string; initial: string | null; states: StateModel[]; edges: EdgeModel[] };
 
-const labelOf = (edge: EdgeModel) => edge.label ?? edge.event;
+/** What an edge is drawn with: its label, and its guard in brackets (UML's `event [guard]`). */
+const labelOf = (edge: EdgeModel) => `${edge.label ?? edge.event}${edge.guarded ? ` [${edge.guard ?? 'guarded'}]` : ''}`;
 
 /** Whether a machine is more than flat states and events (nested states, invoked steps, delays, eventless transitions). */
 function isNested(machine: AnyStateMachine): boolean {
@@ -53,7 +62,15 @@ export function describeGraph(graph: DefinitionGraph, id: string = graph.id): Ma
     id,
     initial: graph.initial,
     states,
-    edges: graph.edges.map((edge) => ({ from: edge.from, to: edge.to, event: edge.event, guarded: edge.guarded, label: edge.label, nest: edge.nest })),
+    edges: graph.edges.map((edge) => ({
+      from: edge.from,
+      to: edge.to,
+      event: edge.event,
+      guarded: edge.guarded,
+      label: edge.label,
+      ...(edge.guard !== null ? { guard: edge.guard } : {}),
+      nest: edge.nest,
+    })),
   };
 }
 
@@ -83,7 +100,7 @@ export function toMermaid(model: MachineModel): string {
   for (const state of model.states) if (mermaidId(state.name) !== state.name) lines.push(`  state "${state.name.replace(/"/g, "'")}" as ${mermaidId(state.name)}`);
   for (const state of model.states) if (state.description) lines.push(`  %% ${state.name}: ${state.description.replace(/\s+/g, ' ')}`);
   if (model.initial) lines.push(`  [*] --> ${mermaidId(model.initial)}`);
-  for (const edge of model.edges) lines.push(`  ${mermaidId(edge.from)} --> ${mermaidId(edge.to)} : ${labelOf(edge)}${edge.guarded ? ' [guarded]' : ''}`);
+  for (const edge of model.edges) lines.push(`  ${mermaidId(edge.from)} --> ${mermaidId(edge.to)} : ${labelOf(edge)}`);
   for (const state of model.states) {
     if (state.final) lines.push(`  ${mermaidId(state.name)} --> [*]`);
     else if (state.name !== model.initial && !model.edges.some((edge) => edge.from === state.name || edge.to === state.name)) lines.push(`  ${mermaidId(state.name)}`);
@@ -104,13 +121,18 @@ const LOOP_SPACE = 30;
 const LABEL_HEIGHT = 15;
 const MARGIN = 16;
 const INITIAL_SPACE = 30;
+/** From this many states, one event into one final state is drawn joined at a dot. */
+const GROUP_FROM = 3;
+const JUNCTION_SIZE = 8;
+/** The name of the dot where the sources of `label` into `target` join (no state's name starts with a control character). */
+const junctionName = (target: string, label: string) => `\u0001${target}\u0001${label}`;
 
 type Point = { x: number; y: number };
 
 /** A state's box or an edge's label, placed: `x`, `y` are its centre; items of one column share `x`. */
 export type LayoutItem = {
   key: string;
-  kind: 'state' | 'label';
+  kind: 'state' | 'label' | 'junction';
   column: number;
   x: number;
   y: number;
@@ -122,8 +144,12 @@ export type LayoutItem = {
   guarded?: boolean;
 };
 
-/** The transitions from one state to another, drawn as one edge through `points`. */
-type Route = { from: string; to: string; events: string[]; guarded: boolean; back: boolean; points: Point[]; nest: boolean };
+/**
+ * The transitions from one state (or dot) to another, drawn as one edge through `points`; `members`
+ * are the transitions between states it stands for (several for the edge from a dot), by which a
+ * run's path marks it taken.
+ */
+type Route = { from: string; to: string; events: string[]; guarded: boolean; back: boolean; points: Point[]; nest: boolean; members: Array<{ from: string; to: string }> };
 type SelfLoop = { state: string; events: string[]; guarded: boolean };
 
 export type Layout = {
@@ -132,12 +158,36 @@ export type Layout = {
   items: Map<string, LayoutItem>;
   routes: Route[];
   loops: SelfLoop[];
+  /** The dots where the sources of one event into a final state join. */
+  junctions: string[];
   model: MachineModel;
 };
+
+/** The junctions to draw: for each (final state, label) reached from GROUP_FROM states or more, its sources. */
+function groupsOf(model: MachineModel): Map<string, Set<string>> {
+  const finals = new Set(model.states.filter((state) => state.final).map((state) => state.name));
+  const sources = new Map<string, Set<string>>();
+  for (const edge of model.edges) {
+    if (edge.nest || edge.from === edge.to || !finals.has(edge.to)) continue;
+    const name = junctionName(edge.to, labelOf(edge));
+    sources.set(name, (sources.get(name) ?? new Set()).add(edge.from));
+  }
+  return new Map([...sources].filter(([, from]) => from.size >= GROUP_FROM));
+}
 
 export function layoutMachine(model: MachineModel): Layout {
   const routesByKey = new Map<string, Route>();
   const loops = new Map<string, SelfLoop>();
+  const groups = groupsOf(model);
+  const addRoute = (from: string, to: string, label: string | null, edge: EdgeModel) => {
+    const key = `${from}\u0000${to}`;
+    const route = routesByKey.get(key) ?? { from, to, events: [], guarded: false, back: false, points: [], nest: true, members: [] };
+    if (label !== null && !route.events.includes(label)) route.events.push(label);
+    route.guarded ||= label !== null && edge.guarded;
+    route.nest &&= edge.nest === true;
+    if (!route.members.some((member) => member.from === edge.from && member.to === edge.to)) route.members.push({ from: edge.from, to: edge.to });
+    routesByKey.set(key, route);
+  };
   for (const edge of model.edges) {
     const label = labelOf(edge);
     if (edge.from === edge.to) {
@@ -147,12 +197,14 @@ export function layoutMachine(model: MachineModel): Layout {
       loops.set(edge.from, loop);
       continue;
     }
-    const key = `${edge.from}\u0000${edge.to}`;
-    const route = routesByKey.get(key) ?? { from: edge.from, to: edge.to, events: [], guarded: false, back: false, points: [], nest: true };
-    if (!route.events.includes(label)) route.events.push(label);
-    route.guarded ||= edge.guarded;
-    route.nest &&= edge.nest === true;
-    routesByKey.set(key, route);
+    const junction = junctionName(edge.to, label);
+    if (!edge.nest && groups.has(junction)) {
+      // The source joins the dot unlabelled; the dot's one edge carries the label.
+      addRoute(edge.from, junction, null, edge);
+      addRoute(junction, edge.to, label, edge);
+      continue;
+    }
+    addRoute(edge.from, edge.to, label, edge);
   }
   const routes = [...routesByKey.values()];
 
@@ -169,9 +221,10 @@ export function layoutMachine(model: MachineModel): Layout {
       height: STATE_HEIGHT + (loop ? LOOP_SPACE : 0),
     });
   }
+  for (const junction of groups.keys()) graph.setNode(junction, { width: JUNCTION_SIZE, height: JUNCTION_SIZE });
   for (const route of routes) {
     const text = route.events.join(', ');
-    graph.setEdge(route.from, route.to, { width: text.length * charWidth(LABEL_FONT) + 8, height: LABEL_HEIGHT, labelpos: 'c' });
+    graph.setEdge(route.from, route.to, text === '' ? { width: 0, height: 0 } : { width: text.length * charWidth(LABEL_FONT) + 8, height: LABEL_HEIGHT, labelpos: 'c' });
   }
   dagre.layout(graph);
 
@@ -183,10 +236,14 @@ export function layoutMachine(model: MachineModel): Layout {
     const loop = loops.has(state.name);
     items.set(`s:${state.name}`, { key: `s:${state.name}`, kind: 'state', column: 0, x: node.x! + shift, y: node.y!, width: node.width, height: node.height, top: loop ? LOOP_SPACE : 0 });
   }
+  for (const junction of groups.keys()) {
+    const node = graph.node(junction);
+    items.set(`s:${junction}`, { key: `s:${junction}`, kind: 'junction', column: 0, x: node.x! + shift, y: node.y!, width: JUNCTION_SIZE, height: JUNCTION_SIZE, top: 0 });
+  }
   routes.forEach((route, index) => {
     const edge = graph.edge(route.from, route.to);
     const text = route.events.join(', ');
-    items.set(`e:${index}`, { key: `e:${index}`, kind: 'label', column: 0, x: edge.x! + shift, y: edge.y!, width: edge.width!, height: LABEL_HEIGHT, top: 0, text, guarded: route.guarded });
+    if (text !== '') items.set(`e:${index}`, { key: `e:${index}`, kind: 'label', column: 0, x: edge.x! + shift, y: edge.y!, width: edge.width!, height: LABEL_HEIGHT, top: 0, text, guarded: route.guarded });
     const source = items.get(`s:${route.from}`)!;
     const target = items.get(`s:${route.to}`)!;
     route.back = target.x < source.x;
@@ -197,7 +254,7 @@ export function layoutMachine(model: MachineModel): Layout {
   for (const item of items.values()) item.column = columns.indexOf(Math.round(item.x));
 
   const { width, height } = graph.graph();
-  return { width: Math.ceil((width ?? 0) + shift), height: Math.ceil(height ?? 0), items, routes, loops: [...loops.values()], model };
+  return { width: Math.ceil((width ?? 0) + shift), height: Math.ceil(height ?? 0), items, routes, loops: [...loops.values()], junctions: [...groups.keys()], model };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,7 +296,8 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   const taken = new Set((options.path?.taken ?? []).map((edge) => `${edge.from}\u0000${edge.to}`));
   const visited = new Set(options.path?.visited ?? []);
   const current = new Set(options.path?.current ?? []);
-  const routeTaken = (route: { from: string; to: string }) => taken.has(`${route.from}\u0000${route.to}`);
+  const routeTaken = (route: { from: string; to: string; members?: ReadonlyArray<{ from: string; to: string }> }) =>
+    (route.members ?? [route]).some((member) => taken.has(`${member.from}\u0000${member.to}`));
   parts.push(
     `<defs><marker id="${id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +
       `<path d="M0,0 L10,5 L0,10 z" class="arrowhead"/></marker>` +
@@ -250,6 +308,8 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   );
   const stateBox = (name: string) => {
     const item = layout.items.get(`s:${name}`)!;
+    // A dot: edges meet at its centre.
+    if (item.kind === 'junction') return { left: item.x, right: item.x, top: item.y, bottom: item.y, cy: item.y, cx: item.x, width: 0, centre: { x: item.x, y: item.y } };
     const top = item.y - item.height / 2 + item.top;
     const cy = top + STATE_HEIGHT / 2;
     return { left: item.x - item.width / 2, right: item.x + item.width / 2, top, bottom: top + STATE_HEIGHT, cy, cx: item.x, width: item.width, centre: { x: item.x, y: cy } };
@@ -279,7 +339,7 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   for (const [sideKey, list] of sides) {
     const box = stateBox(sideKey.split('\u0000')[0]!);
     list.sort((a, b) => a.towards - b.towards);
-    const span = Math.min(STATE_HEIGHT - 12, (list.length - 1) * 7);
+    const span = layout.items.get(`s:${sideKey.split('\u0000')[0]!}`)!.kind === 'junction' ? 0 : Math.min(STATE_HEIGHT - 12, (list.length - 1) * 7);
     list.forEach((entry, index) => {
       ports.set(`${entry.route}:${entry.end}`, { x: entry.x, y: box.cy - span / 2 + (list.length > 1 ? (index * span) / (list.length - 1) : 0) });
     });
@@ -288,13 +348,28 @@ export function renderSvg(model: MachineModel, options: SvgOptions = {}): string
   // Edges first, states over them.
   layout.routes.forEach((route, index) => {
     const points = [ports.get(`${index}:start`)!, ...route.points.slice(1, -1), ports.get(`${index}:end`)!];
-    const title = `${route.from} → ${route.to}: ${route.events.join(', ')}${route.guarded ? ' (guarded)' : ''}`;
+    // An edge into or out of a dot is named by the transitions it stands for.
+    const toDot = layout.junctions.includes(route.to);
+    const fromDot = layout.junctions.includes(route.from);
+    const from = fromDot ? route.members.map((member) => member.from).join(', ') : route.from;
+    const to = toDot ? route.members[0]!.to : route.to;
+    const events = toDot ? (route.to.split('\u0001')[2] ?? '') : route.events.join(', ');
+    const title = `${from} → ${to}: ${events}`;
     const isTaken = routeTaken(route);
+    const data = fromDot
+      ? `data-from-group="${escapeHtml(from)}" data-to="${escapeHtml(to)}"`
+      : `data-from="${escapeHtml(from)}" ${toDot ? `data-to-group="${escapeHtml(to)}"` : `data-to="${escapeHtml(to)}"`}`;
     parts.push(
-      `<path class="edge${route.back ? ' back' : ''}${route.nest ? ' nest' : ''}${isTaken ? ' taken' : ''}" data-from="${escapeHtml(route.from)}" data-to="${escapeHtml(route.to)}" ` +
-        `d="${curveThrough(points)}" marker-end="url(#${id}-arrow${isTaken ? '-taken' : ''})"><title>${escapeHtml(title)}</title></path>`,
+      `<path class="edge${route.back ? ' back' : ''}${route.nest ? ' nest' : ''}${toDot || fromDot ? ' grouped' : ''}${isTaken ? ' taken' : ''}" ${data} ` +
+        `d="${curveThrough(points)}"${toDot ? '' : ` marker-end="url(#${id}-arrow${isTaken ? '-taken' : ''})"`}><title>${escapeHtml(title)}</title></path>`,
     );
   });
+  for (const junction of layout.junctions) {
+    const item = layout.items.get(`s:${junction}`)!;
+    const [, target, label] = junction.split('\u0001');
+    const isTaken = layout.routes.some((route) => route.from === junction && routeTaken(route));
+    parts.push(`<circle class="junction${isTaken ? ' taken' : ''}" data-to="${escapeHtml(target ?? '')}" data-event="${escapeHtml(label ?? '')}" cx="${f(item.x)}" cy="${f(item.y)}" r="3"/>`);
+  }
   for (const item of layout.items.values()) {
     if (item.kind !== 'label') continue;
     const route = layout.routes[Number(item.key.slice(2))];
@@ -364,6 +439,8 @@ svg.statechart .edge-label rect { fill: #ffffff; stroke: none; }
 svg.statechart .edge-label text { font-size: ${LABEL_FONT}px; fill: #4a5261; }
 svg.statechart .edge-label.guarded text { font-style: italic; }
 svg.statechart .initial { fill: #1f2733; }
+svg.statechart .junction { fill: #7a8494; }
+svg.statechart .junction.taken { fill: #2f8a4c; }
 svg.statechart .state .box { fill: #f4f6f9; stroke: #5b6576; stroke-width: 1.2; }
 svg.statechart .state.final .box { fill: #eceef2; }
 svg.statechart .state .inner { fill: none; stroke: #5b6576; stroke-width: 0.8; }

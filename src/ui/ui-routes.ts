@@ -36,6 +36,7 @@ import {
   type RunFilterForm,
 } from './pages.js';
 import { QUEUE_DASHBOARD_PATH, registerQueueDashboard } from './queue-dashboard.js';
+import { stepApprovalOf, waitingStep } from './step-approval.js';
 import {
   badges,
   deliveriesOfTask,
@@ -397,7 +398,9 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       const read = await readSuspendedRun(pool, sealer, run.id, run.status);
       if (read.ok) {
         const state = read.view.state;
-        if (state.pendingApproval) pending = { kind: 'approval', pending: state.pendingApproval };
+        if (state.pendingApproval) {
+          pending = { kind: 'approval', pending: state.pendingApproval, step: stepApprovalOf(state.pendingApproval, waitingStep(state), run.machine_state, run.audit_level) };
+        }
         else if (state.pendingInput) pending = { kind: 'input', tool: state.pendingInput.toolName, prompt: state.pendingInput.prompt, schema: state.pendingInput.schema };
       } else if (read.reason === 'unreadable') pending = { kind: 'unreadable', detail: read.detail };
     }
@@ -423,6 +426,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
         client: run.client,
         since: run.updated_at,
         pending: read.ok ? read.view.state.pendingApproval : null,
+        step: read.ok ? stepApprovalOf(read.view.state.pendingApproval, waitingStep(read.view.state), read.view.run.machine_state, read.view.run.audit_level) : null,
         problem: read.ok ? (read.view.state.pendingApproval ? null : 'no pending approval stored') : read.detail,
       });
     }

@@ -63,7 +63,7 @@ describe('keel machines <agent>', () => {
     expect(mermaid.stdout.split('\n')[0]).toBe(`%% agent refund (statechart, version ${HASH}, ${V1})`);
     expect(mermaid.stdout).toContain('stateDiagram-v2');
     expect(mermaid.stdout).toContain('[*] --> classifying');
-    expect(mermaid.stdout).toContain('classifying --> review : done(classify) [guarded]');
+    expect(mermaid.stdout).toContain('classifying --> review : done(classify) [large]');
     expect(mermaid.stdout).toContain('review --> s_review_approval : initial');
     expect(mermaid.stdout).toContain('confirming --> done : after(1h)');
 

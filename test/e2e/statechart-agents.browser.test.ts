@@ -19,10 +19,11 @@ import { launchHeadlessChromium, type HeadlessChromium } from '../support/headle
 type DomNode = { getAttribute(name: string): string | null; textContent: string | null };
 type DomList = Iterable<DomNode> & { forEach(callback: (node: DomNode) => void): void };
 declare const document: { querySelectorAll(selector: string): DomList; querySelector(selector: string): DomNode | null };
-declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string } };
+declare const window: Record<string, unknown> & { getComputedStyle(node: DomNode): { stroke: string; fill: string; fontStyle: string } };
 
 const SCREENSHOTS = fileURLToPath(new URL('./screenshots/', import.meta.url));
 const MACHINE = fileURLToPath(new URL('../fixtures/statecharts/ui-refund.machine.ts', import.meta.url));
+const TRIAGE = fileURLToPath(new URL('../fixtures/statecharts/ui-triage.machine.ts', import.meta.url));
 const HASH = definitionHash(refund);
 const DONE_CLASSIFY = 'xstate.done.actor.0.refund.classifying';
 const DONE_APPROVE = 'xstate.done.actor.0.refund.review.approval';
@@ -46,6 +47,7 @@ beforeAll(async () => {
       KEEL_AGENTS: [
         { id: 'echo', name: 'Echo', provider: 'echo' },
         { id: 'refund', name: 'Refund', machine: MACHINE },
+        { id: 'triage', name: 'Triage', machine: TRIAGE },
       ],
     },
   });
@@ -95,6 +97,13 @@ const shownCounts = () =>
     });
     return result;
   });
+/** The edge labels drawn on a machine's SVG, as the browser shows them. */
+const shownLabels = (machine: string) =>
+  page.evaluate((id) => {
+    const result: string[] = [];
+    document.querySelectorAll(`svg.statechart[data-machine="${id}"] g.edge-label text`).forEach((node) => result.push(node.textContent ?? ''));
+    return result;
+  }, machine);
 const shownText = (state: string) => page.textContent(`svg.statechart g.state[data-machine="agent/refund"][data-state="${state}"] .count`);
 
 describe('a statechart agent in the operator UI', () => {
@@ -116,7 +125,37 @@ describe('a statechart agent in the operator UI', () => {
       failed: 0,
     });
     expect(await shownText('classifying')).toBe('2');
-    // The lifecycles are drawn as before.
+    // The team's agents come first, Keel's built-in lifecycles after them.
+    const sections = await page.evaluate(() => {
+      const result: string[] = [];
+      document.querySelectorAll('section.machine').forEach((node) => result.push(node.getAttribute('data-machine-section')!));
+      return result;
+    });
+    expect(sections.slice(0, 2)).toEqual(['agent/refund', 'agent/triage']);
+    expect(sections.slice(2)).toContain('run');
+    expect(await page.evaluate(() => [...(document.querySelectorAll('h2#statechart-agents, h2#built-in-lifecycles') as unknown as Iterable<{ id: string }>)].map((node) => node.id))).toEqual([
+      'statechart-agents',
+      'built-in-lifecycles',
+    ]);
+    // Edges are named by the machine: the invoke's id, not the step it runs; guards by name; a delay by its duration.
+    const triage = await shownLabels('agent/triage');
+    expect(triage.sort()).toEqual(
+      ['done(classify) [and(urgent, known)], done(classify) [known]', 'done(classify)', 'error(classify)', 'after(5s)', 'after(reminder 5s)', 'done(file) [urgent]', 'error(file)'].sort(),
+    );
+    expect(triage.join(' ')).not.toContain('callTool');
+    expect((await page.locator('svg.statechart[data-machine="agent/triage"] g.edge-label.guarded text').allTextContents()).sort()).toEqual([
+      'done(classify) [and(urgent, known)], done(classify) [known]',
+      'done(file) [urgent]',
+    ]);
+    // Guarded labels are drawn in italics.
+    expect(await page.evaluate(() => window.getComputedStyle(document.querySelector('svg.statechart[data-machine="agent/triage"] g.edge-label.guarded text')!).fontStyle)).toBe('italic');
+    expect(await shownLabels('agent/refund')).toEqual(expect.arrayContaining(['done(classify) [large]', 'done(approve) [approved]', 'done(ask), after(1h)']));
+    // The run lifecycle: CANCEL and FAIL are drawn once each, from a dot the states they leave join at.
+    const run = await shownLabels('run');
+    expect(run.filter((label) => label === 'CANCEL')).toHaveLength(1);
+    expect(run.filter((label) => label === 'FAIL [guarded]')).toHaveLength(1);
+    expect(await page.locator('svg.statechart[data-machine="run"] circle.junction[data-to="cancelled"]').count()).toBe(1);
+    expect(await page.locator('svg.statechart[data-machine="run"] path.edge.grouped[data-to-group="cancelled"]').count()).toBeGreaterThanOrEqual(3);
     expect(await page.locator('svg.statechart g.state[data-machine="run"]').count()).toBeGreaterThan(5);
     await page.waitForFunction(() => document.querySelector('#live-stamp')?.textContent?.includes('updated'));
     await section.scrollIntoViewIfNeeded();

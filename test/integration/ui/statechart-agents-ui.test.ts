@@ -216,6 +216,16 @@ describe('a run\'s page', () => {
       ['done(classify)', 'review.approval'],
     ]);
     expect(drawnCounts(await text('/ui/machines'), 'agent/refund')['review.approval']).toBe(2);
+    // The approvals page names the state and the step that wait, not a model or a tool; at this
+    // run's audit level (metadata, the default) what the step asks is not kept, and it says which setting keeps it.
+    const approvals = await text('/ui/approvals');
+    const card = approvals.slice(approvals.indexOf(`data-run="${id}"`));
+    expect(card.slice(0, card.indexOf('</div>'))).toMatch(
+      /The step <strong class="mono" data-step>approve<\/strong>\s+in state <strong class="mono" data-state>review\.approval<\/strong> is waiting for an operator's decision\./,
+    );
+    expect(card).toContain('this run keeps no content at its audit level (<code>metadata</code>)');
+    expect(card.slice(0, card.indexOf('</div>'))).not.toContain('The model asked');
+    expect(await text(`/ui/runs/${id}`)).toContain('data-step>approve</strong>');
   });
 
   it('of a waiting run shows where it stands now', async () => {

@@ -18,6 +18,7 @@ import { defineStep } from '../../../src/statecharts/steps.js';
 import { describeGraph, describeMachine, renderSvg, toMermaid } from '../../../src/ui/statechart.js';
 import { machine as refund } from '../../fixtures/statecharts/ui-refund.machine.js';
 import { machine as refundV2 } from '../../fixtures/statecharts/ui-refund-v2.machine.js';
+import { machine as triage } from '../../fixtures/statecharts/ui-triage.machine.js';
 
 // A statechart agent's machine as the operator surfaces read it: its states by path (nested ones
 // included), its transitions with readable labels, the runs counted per state, a run's path from
@@ -62,12 +63,12 @@ describe('the definition graph', () => {
     ]);
     expect(graph.states.find((state) => state.path === 'paying')!.status).toBe('Paying');
     expect(graph.edges.map(transitionText)).toEqual([
-      'classifying --done(classify)--> review [guarded]',
+      'classifying --done(classify)--> review [large]',
       'classifying --done(classify)--> paying',
       'classifying --error(classify)--> failed',
       'review --done--> paying',
       'review --initial--> review.approval',
-      'review.approval --done(approve)--> review.approved [guarded]',
+      'review.approval --done(approve)--> review.approved [approved]',
       'review.approval --done(approve)--> rejected',
       'paying --done(pay)--> confirming',
       'paying --error(pay)--> failed',
@@ -83,11 +84,11 @@ describe('the definition graph', () => {
     const graph = graphOfMachine(odd);
     expect(graph.edges.map(transitionText)).toEqual([
       '* --RESET--> start',
-      'start --always--> both [guarded]',
+      'start --always--> both [ready]',
       'both --parallel--> both.left',
       'both --parallel--> both.right',
       'both.left --initial--> both.left.l1',
-      'both.left.l1 --done(work)--> both.left.l2',
+      'both.left.l1 --done(lefty)--> both.left.l2',
       'both.left.l2 --after(500ms)--> both.left.l1',
       'both.right --initial--> both.right.r1',
       'both.right.r1 --GO--> end',
@@ -99,6 +100,30 @@ describe('the definition graph', () => {
     expect(readDefinitionGraph(stored)).toEqual(graph);
     expect(readDefinitionGraph({ not: 'a machine' })).toBeNull();
     expect(readDefinitionGraph(null)).toBeNull();
+  });
+
+  it('names transitions with the machine\'s own names: the invoke\'s id, the guard, the delay\'s duration', () => {
+    // Two states running the same step (callTool) under ids of their own, as a team writes a triage agent.
+    const graph = graphOfMachine(triage);
+    expect(graph.edges.map(transitionText)).toEqual([
+      'classifying --done(classify)--> filing [and(urgent, known)]',
+      'classifying --done(classify)--> filing [known]',
+      'classifying --done(classify)--> waiting',
+      'classifying --error(classify)--> failed',
+      'waiting --after(5s)--> filing',
+      'waiting --after(reminder 5s)--> classifying',
+      'filing --done(file)--> done [urgent]',
+      'filing --error(file)--> failed',
+    ]);
+    expect(graph.edges.map((edge) => edge.guard)).toEqual(['and(urgent, known)', 'known', null, null, null, null, 'urgent', null]);
+    expect(graph.edges.map((edge) => edge.label).join(' ')).not.toContain('callTool');
+    // The stored definition keeps the names and the named delay's duration.
+    expect(readDefinitionGraph(JSON.parse(JSON.stringify(definitionJson(triage))) as unknown)).toEqual(graph);
+    // Drawn: labels with their guards, and no step name where the machine gave ids.
+    const svg = renderSvg(describeGraph(graph));
+    for (const label of ['done(classify) [and(urgent, known)], done(classify) [known]', 'done(classify)', 'done(file) [urgent]', 'after(5s)', 'after(reminder 5s)']) expect(svg).toContain(`>${label}<`);
+    expect(svg).not.toContain('callTool');
+    expect(toMermaid(describeGraph(graph))).toContain('filing --> done : done(file) [urgent]');
   });
 
   it('reads the states a state value stands in, nested and parallel', () => {
@@ -175,12 +200,12 @@ describe('the definition graph', () => {
       invokesChanged: [],
     });
     expect(diffDefinitions(graphOfMachine(refund), graphOfMachine(refund))).toEqual({ statesAdded: [], statesRemoved: [], transitionsAdded: [], transitionsRemoved: [], invokesChanged: [] });
-    // A step renamed is a changed transition; the same step under an explicit invoke id is not.
+    // A step renamed is a changed transition, and so is an invoke given an id of its own (the label names it by that id).
     const renamed = setup({ actors: { work: defineStep({ effect: 'read_only', run: async () => 1 }), other: defineStep({ effect: 'read_only', run: async () => 1 }) } });
     const a = renamed.createMachine({ id: 'm', initial: 'x', states: { x: { invoke: { src: 'work', onDone: 'y' } }, y: { type: 'final' } } });
     const b = renamed.createMachine({ id: 'm', initial: 'x', states: { x: { invoke: { src: 'work', id: 'named', onDone: 'y' } }, y: { type: 'final' } } });
     const c = renamed.createMachine({ id: 'm', initial: 'x', states: { x: { invoke: { src: 'other', onDone: 'y' } }, y: { type: 'final' } } });
-    expect(diffDefinitions(graphOfMachine(a), graphOfMachine(b)).transitionsAdded).toEqual([]);
+    expect(diffDefinitions(graphOfMachine(a), graphOfMachine(b))).toMatchObject({ transitionsAdded: ['x --done(named)--> y'], transitionsRemoved: ['x --done(work)--> y'] });
     expect(diffDefinitions(graphOfMachine(a), graphOfMachine(c))).toMatchObject({ transitionsAdded: ['x --done(other)--> y'], transitionsRemoved: ['x --done(work)--> y'] });
     // But an invoke's new id is a change: a run waiting in x on the old id cannot get its answer.
     expect(diffDefinitions(graphOfMachine(a), graphOfMachine(b)).invokesChanged).toEqual(['x: work (id 0.m.x) -> work (id named)']);
@@ -200,13 +225,13 @@ describe('drawing a statechart agent', () => {
       expect(svg).toContain(`data-machine="agent/refund" data-state="${state.name}" data-count="${counts[state.name]}"`);
       expect(svg).toContain(`href="/ui/agents/refund/${state.name}"`);
     }
-    for (const label of ['done(classify)', 'error(classify)', 'done(approve)', 'after(1h)', 'initial']) expect(svg).toContain(label);
+    for (const label of ['done(classify)', 'done(classify) [large]', 'error(classify)', 'done(approve) [approved]', 'done(ask), after(1h)', 'initial']) expect(svg).toContain(`>${label}<`);
     expect(svg).toMatch(/<g class="state compound busy"[^>]*data-state="review" data-count="1"/);
     expect(svg).toMatch(/class="edge[^"]* nest"[^>]*data-from="review" data-to="review.approval"/);
     // Mermaid takes a path as a declared id.
     const mermaid = toMermaid(model);
     expect(mermaid).toContain('state "review.approval" as s_review_approval');
-    expect(mermaid).toContain('s_review_approval --> s_review_approved : done(approve) [guarded]');
+    expect(mermaid).toContain('s_review_approval --> s_review_approved : done(approve) [approved]');
     expect(mermaid).toContain('[*] --> classifying');
   });
 

@@ -50,6 +50,35 @@ describe('statechart diagrams', () => {
     expect(svg).toContain('data-state="done" data-count=""');
   });
 
+  it('draw one event into a final state from many states once, from a dot its sources join at', () => {
+    const model = describeMachine(runMachine);
+    const svg = renderSvg(model);
+    for (const [event, target] of [['CANCEL', 'cancelled'], ['FAIL [guarded]', 'failed']] as const) {
+      const sources = model.edges.filter((edge) => edge.to === target && `${edge.event}${edge.guarded ? ' [guarded]' : ''}` === event).map((edge) => edge.from);
+      expect(sources.length).toBeGreaterThanOrEqual(3);
+      // The label once, on the dot's one edge; each source joins the dot.
+      expect(svg.split(`>${event}<`).length - 1).toBe(1);
+      expect(svg).toContain(`<circle class="junction" data-to="${target}" data-event="${event}"`);
+      for (const source of sources) expect(svg).toMatch(new RegExp(`class="edge[^"]* grouped" data-from="${source}" data-to-group="${target}"`));
+      expect(svg).toContain(`data-from-group="${sources.join(', ')}" data-to="${target}"`);
+    }
+    // An event into a final state from fewer states keeps its own edge.
+    expect(svg).toMatch(/class="edge" data-from="running" data-to="completed"/);
+  });
+
+  it('mark a grouped edge taken when a run took one of the transitions it stands for', () => {
+    const steps = setup({}).createMachine({
+      id: 'steps',
+      initial: 'a',
+      states: { a: { on: { NEXT: 'b', BROKE: 'failed' } }, b: { on: { NEXT: 'c', BROKE: 'failed' } }, c: { on: { BROKE: 'failed' } }, failed: { type: 'final' } },
+    });
+    const svg = renderSvg(describeMachine(steps), { path: { visited: ['a', 'b', 'failed'], taken: [{ from: 'a', to: 'b' }, { from: 'b', to: 'failed' }], current: ['failed'] } });
+    expect(svg).toMatch(/class="edge grouped taken" data-from="b" data-to-group="failed"/);
+    expect(svg).toMatch(/class="edge grouped" data-from="a" data-to-group="failed"/);
+    expect(svg).toMatch(/class="edge grouped taken" data-from-group="a, b, c" data-to="failed"/);
+    expect(svg).toContain('<circle class="junction taken" data-to="failed" data-event="BROKE"');
+  });
+
   it('never overlap two items of one column', () => {
     for (const machine of [runMachine]) {
       const layout = layoutMachine(describeMachine(machine));
