@@ -316,3 +316,46 @@ describe('after a restart', () => {
     }
   });
 });
+
+describe('with a2a.messageIdIsKey off', () => {
+  it('a messageId sent again is a new message on every binding (a client that reuses ids, like the conformance kit); an Idempotency-Key still names one', async () => {
+    const unkeyed = await startTestKeel({
+      databaseUrl: keel.databaseUrl,
+      env: cliEnvFor(keel),
+      overrides: {
+        KEEL_GRPC_PORT: '0',
+        KEEL_PRIVACY_LEVEL: 'full',
+        KEEL_A2A_MESSAGE_ID_IS_KEY: 'false',
+        KEEL_PROVIDERS: { conformance: { type: 'conformance', streamTimeoutSeconds: 1 } },
+        KEEL_AGENTS: [{ id: AGENT, name: 'Conformance', provider: 'conformance', limits: { maxIterations: 10 } }],
+      },
+    });
+    const previous = { keel, raw };
+    keel = unkeyed;
+    raw = rawGrpcClient(unkeyed.grpcAddress!);
+    try {
+      const messageId = unique('tck-complete-task');
+      const sent = [];
+      for (const binding of BINDINGS) {
+        sent.push(await send(binding, messageParams(messageId, 'the same text')));
+        sent.push(await send(binding, messageParams(messageId, `another text over ${binding}`)));
+      }
+      expect(sent.map((answer) => answer.error)).toEqual(sent.map(() => null));
+      expect(new Set(sent.map((answer) => answer.taskId)).size).toBe(sent.length);
+      const tasks = await keel.context.pool.oneFirst(sql.type(z.object({ n: z.number() }))`
+        SELECT count(*)::int AS n FROM a2a_tasks WHERE id = ANY(${sql.array(sent.map((answer) => answer.taskId!), 'uuid')}) AND message_key LIKE 'unkeyed:%'`);
+      expect(tasks).toBe(sent.length);
+
+      const key = unique('key');
+      const first = await send('HTTP+JSON', messageParams(unique('tck-complete-task'), 'keyed'), { idempotencyKey: key });
+      const again = await send('JSONRPC', messageParams(unique('tck-complete-task'), 'keyed'), { idempotencyKey: key });
+      expect(again.taskId).toBe(first.taskId);
+      expect(await rowsOfKey(key)).toEqual({ tasks: 1, runs: 1 });
+    } finally {
+      raw.close();
+      keel = previous.keel;
+      raw = previous.raw;
+      await unkeyed.stop();
+    }
+  });
+});
