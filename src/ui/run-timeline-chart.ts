@@ -14,6 +14,13 @@ const ROW_HEIGHT = 18;
 const AXIS_HEIGHT = 22;
 const TICKS = 5;
 
+/** A round tick interval (1, 2 or 5 × a power of ten ms) giving at most TICKS intervals over `span`. */
+export function tickStep(span: number): number {
+  const rough = span / TICKS;
+  const power = 10 ** Math.floor(Math.log10(Math.max(1, rough)));
+  return [1, 2, 5, 10].map((factor) => factor * power).find((candidate) => candidate >= rough) ?? 10 * power;
+}
+
 const FILL: Record<string, string> = {
   state: '#7a9cc6',
   step: '#5aa469',
@@ -39,8 +46,9 @@ export function runTimelineChart(timeline: RunTimeline): Html {
     `<svg xmlns="http://www.w3.org/2000/svg" id="run-timeline" class="run-timeline" role="img" aria-label="timeline of the run" ` +
       `viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" font-family="sans-serif" font-size="11">`,
   );
-  for (let tick = 0; tick <= TICKS; tick += 1) {
-    const at = timeline.start + (span * tick) / TICKS;
+  const step = tickStep(span);
+  for (let offset = 0; offset <= span; offset += step) {
+    const at = timeline.start + offset;
     const tx = x(at);
     parts.push(`<line x1="${tx.toFixed(1)}" y1="${AXIS_HEIGHT - 4}" x2="${tx.toFixed(1)}" y2="${height}" stroke="#e1e5eb"/>`);
     parts.push(`<text x="${tx.toFixed(1)}" y="${AXIS_HEIGHT - 8}" text-anchor="middle" fill="#6b7585">+${escapeHtml(formatDuration(at - timeline.start))}</text>`);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { buildRunTimeline, formatDuration, timelineLines, type TimelineEvent, type TimelineMachineStep } from '../../../src/runs/run-timeline.js';
-import { runTimelineChart } from '../../../src/ui/run-timeline-chart.js';
+import { runTimelineChart, tickStep } from '../../../src/ui/run-timeline-chart.js';
 
 // The timeline of a run from what was committed for it: segments with their kind, label and times,
 // for the waits, retries and requeues a run goes through, and for a run still in progress.
@@ -122,6 +122,12 @@ describe('the timeline drawn', () => {
     expect(svg).not.toContain('<b>');
     // The wait starts halfway through the run: its bar starts halfway along the axis.
     expect(svg).toMatch(/data-kind="wait\(input\)"[^]*?<rect x="620\.0"/);
+  });
+
+  it('round ticks on the time axis', () => {
+    expect([1, 680, 1738, 5330, 60_000, 7_800_000].map(tickStep)).toEqual([1, 200, 500, 2000, 20_000, 2_000_000]);
+    const timeline = buildRunTimeline({ status: 'completed', created_at: T0, settled_at: T0 + 1738 }, [], [], T0 + 1738);
+    expect([...runTimelineChart(timeline).text.matchAll(/text-anchor="middle" fill="#6b7585">([^<]+)</g)].map((match) => match[1])).toEqual(['+0ms', '+500ms', '+1.0s', '+1.5s']);
   });
 
   it('durations for a person', () => {
