@@ -39,8 +39,10 @@ const WAITS: Record<string, WaitKind> = {
   waiting_for_dependency: 'dependency',
 };
 
-/** The statuses of a run that has ended, and the audit events of its end (the same names). */
+/** The statuses of a run that has ended. */
 const ENDED = new Set(['completed', 'failed', 'cancelled']);
+/** The audit events of a run's end: its settle, a cancel, the sweep ending an approval nobody gave. */
+const END_EVENTS = new Set([...ENDED, 'approval_timed_out']);
 
 type Meta = Record<string, unknown>;
 const metaOf = (event: TimelineEvent): Meta => (event.payload !== null && typeof event.payload === 'object' ? (event.payload as Meta) : {});
@@ -177,7 +179,7 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
         break;
       }
       default:
-        if (ENDED.has(event.kind)) {
+        if (END_EVENTS.has(event.kind)) {
           abandonCalls(at);
           release(at);
           endWait(at);

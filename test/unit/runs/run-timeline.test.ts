@@ -94,6 +94,14 @@ describe('buildRunTimeline', () => {
       ['state', 'running', 10, 500, true],
       ['step', 'tool lookup', 20, 500, true],
     ]);
+    // A wait the run ended in: an approval nobody gave, ended by the sweep.
+    const timedOut = buildRunTimeline(
+      { status: 'failed', created_at: T0, settled_at: T0 + 9000 },
+      [event(10, 'claimed'), event(20, 'suspended', { status: 'waiting_for_approval', pending: ['refund'] }), event(9000, 'approval_timed_out', { timeoutHours: 1 })],
+      [],
+      T0 + 99_999,
+    );
+    expect(brief(timedOut.segments).slice(-1)).toEqual([['wait(approval)', 'approval of refund', 20, 9000, false]]);
     // Not claimed yet: queued until now.
     expect(brief(buildRunTimeline({ status: 'queued', created_at: T0, settled_at: null }, [], [], T0 + 70).segments)).toEqual([['state', 'queued', 0, 70, true]]);
   });
