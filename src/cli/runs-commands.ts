@@ -3,6 +3,8 @@ import { RUN_STATUSES, type RunStatus } from '../../machines/run.machine.js';
 import { cancelRun, getRun, listRuns } from '../runs/run-repository.js';
 import { dueOpenDependenciesOfRun } from '../remote/dependency-repository.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
+import { buildRunTimeline, timelineLines } from '../runs/run-timeline.js';
+import { machineStepsOf } from '../ui/ui-queries.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
 import { withCommandContext } from './command-context.js';
@@ -137,6 +139,38 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
         if (events.length === 0) lines.push('  (none recorded)');
         for (const event of events) lines.push(`  ${String(event.sequence).padStart(4)}  ${formatTime(event.created_at)}  ${event.kind}  ${JSON.stringify(event.payload)}`);
         process.stdout.write(`${lines.join('\n')}\n`);
+      });
+    });
+
+  runs
+    .command('timeline <runId>')
+    .description('print what a run did over time: states, steps, waits, retries and requeues (names and times only)')
+    .option('--json', 'print JSON')
+    .action(async (runId: string, options: { json?: boolean }) => {
+      const id = requireRunId(runId);
+      const config = loadConfigOrExit(globals());
+      await withDatabase(config, async (pool) => {
+        const run = await getRun(pool, id);
+        if (!run) throw new CliExit(EXIT.notFound, `run ${id} not found`);
+        const [events, machineSteps] = await Promise.all([listRunEvents(pool, id), machineStepsOf(pool, id)]);
+        const timeline = buildRunTimeline(run, events, machineSteps, Date.now());
+        if (options.json) {
+          const segments = timeline.segments.map((segment) => ({
+            kind: segment.kind,
+            ...(segment.wait ? { wait: segment.wait } : {}),
+            label: segment.label,
+            start: formatTime(segment.start),
+            end: formatTime(segment.end),
+            offsetMs: segment.start - timeline.start,
+            durationMs: segment.end - segment.start,
+            open: segment.open,
+          }));
+          const body = { id: run.id, agent: run.agent, status: run.status, auditLevel: run.audit_level, start: formatTime(timeline.start), end: formatTime(timeline.end), inProgress: timeline.inProgress, segments };
+          process.stdout.write(`${JSON.stringify(body, null, 2)}\n`);
+          return;
+        }
+        const header = `run ${run.id} (agent ${run.agent}, ${run.status}, audit level ${run.audit_level}), created ${formatTime(run.created_at)}`;
+        process.stdout.write(`${[header, ...timelineLines(timeline)].join('\n')}\n`);
       });
     });
 

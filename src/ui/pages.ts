@@ -5,12 +5,14 @@ import type { DestinationView } from '../push/destination-gate.js';
 import { maskCredential } from '../push/push-admin.js';
 import type { RunEventRow } from '../runs/run-event-repository.js';
 import type { RunRow } from '../runs/run-row.js';
+import type { RunTimeline } from '../runs/run-timeline.js';
 import { agentMachinesContent, runMachineContent } from './agent-pages.js';
 import type { AgentMachine, RunMachineView } from './agent-machines.js';
 import { formatTime, html, queryString, raw, type Html } from './html.js';
 import { pill } from './layout.js';
 import type { CatalogEntry } from './machine-catalog.js';
 import { maskUrl, pushConfigHref, ROW_SOURCES, runHref, type Cell, type RowList } from './machine-rows.js';
+import { runTimelineChart } from './run-timeline-chart.js';
 import { renderSvg, toMermaid } from './statechart.js';
 import type { StepApproval } from './step-approval.js';
 import type { DependencyOverview, ListedRun, RunFilter, TaskInfo } from './ui-queries.js';
@@ -192,6 +194,8 @@ export type RunPageData = {
   pending: PendingView | null;
   /** A statechart agent's run: its machine, the path it took and where it stands. */
   machine?: RunMachineView | null;
+  /** What the run did over time, from its committed transitions (run-timeline.ts). */
+  timeline?: RunTimeline | null;
 };
 
 /**
@@ -273,6 +277,11 @@ ${data.deliveries.map((delivery) => html`<tr><td class="mono"><a href="${pushCon
 </tbody></table>`}`
     : html`<p class="muted">This run serves no A2A task (it was started inside this installation).</p>`}
 <h2>Timeline <span class="muted">(audit level ${run.audit_level})</span></h2>
+${data.timeline
+    ? html`<p class="muted">States, steps, waits, retries and requeues to scale, from the run's committed transitions (names and times only; <code>keel runs timeline ${run.id}</code> prints the same).</p>
+${runTimelineChart(data.timeline)}`
+    : ''}
+<h3>Events</h3>
 ${data.events.length === 0
     ? html`<p class="muted">No events recorded${run.audit_level === 'none' ? ' (the audit level is none)' : ''}.</p>`
     : html`<table id="timeline"><thead><tr><th class="num">#</th><th>at</th><th>event</th><th>detail</th></tr></thead><tbody>

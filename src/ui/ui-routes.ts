@@ -9,6 +9,7 @@ import type { PushDestinations } from '../push/destination-gate.js';
 import { deliveriesOfConfig, findPushConfigs, listPushConfigSummaries, resumePushConfig } from '../push/push-admin.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
+import { buildRunTimeline } from '../runs/run-timeline.js';
 import { getRun } from '../runs/run-repository.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
 import type { Sealer } from '../sealing/sealer.js';
@@ -44,6 +45,7 @@ import {
   filterChoices,
   journalOutline,
   listRunsFiltered,
+  machineStepsOf,
   pushConfigVersion,
   runsOfTask,
   runsWaitingForApproval,
@@ -386,13 +388,15 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
     const run = version !== null ? await getRun(pool, id) : null;
     if (!run) return sendPage(request, reply, { title: 'Not found', nav: 'runs' }, errorContent('Not found', 'No such run (it may have been purged).'), 404);
     const task = run.task_id ? await taskOfRun(pool, run.task_id) : null;
-    const [events, journal, deliveries, taskRuns, machine] = await Promise.all([
+    const [events, journal, deliveries, taskRuns, machine, machineSteps] = await Promise.all([
       listRunEvents(pool, run.id),
       task ? journalOutline(pool, task.id) : Promise.resolve([]),
       task ? deliveriesOfTask(pool, task.id) : Promise.resolve([]),
       task ? runsOfTask(pool, task.id) : Promise.resolve([]),
       runMachineView(pool, run, agentMachines),
+      machineStepsOf(pool, run.id),
     ]);
+    const timeline = buildRunTimeline(run, events, machineSteps, Date.now());
     let pending: PendingView | null = null;
     if (run.status === 'waiting_for_approval' || run.status === 'waiting_for_input') {
       const read = await readSuspendedRun(pool, sealer, run.id, run.status);
@@ -409,7 +413,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       request,
       reply,
       { title: `Run ${run.id}`, nav: 'runs', liveUrl: `/ui/api/runs/${run.id}/version`, liveVersion: version },
-      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending, machine }, session.csrf),
+      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending, machine, timeline }, session.csrf),
     );
   });
 

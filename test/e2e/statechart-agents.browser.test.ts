@@ -221,6 +221,29 @@ describe('a statechart agent in the operator UI', () => {
     expect(colours).toEqual({ taken: 'rgb(47, 138, 76)', other: 'rgb(122, 132, 148)', visited: 'rgb(227, 243, 232)', current: 'rgb(255, 240, 212)' });
     expect(await page.locator('#machine-path tbody tr').count()).toBe(4);
     expect(await page.locator('#machine-path tbody tr').last().textContent()).toContain('done(pay)');
+    // The timeline: a bar per segment, to scale, the state it stands in now open at the right.
+    const bars = await page.evaluate(() => {
+      const result: Array<{ kind: string | null; label: string; open: string | null; x: number; width: number }> = [];
+      document.querySelectorAll('#run-timeline g.segment').forEach((node) => {
+        const bar = (node as unknown as { querySelector(selector: string): { getBoundingClientRect(): { x: number; width: number } } }).querySelector('rect').getBoundingClientRect();
+        result.push({ kind: node.getAttribute('data-kind'), label: node.textContent!.split(':')[0]!, open: node.getAttribute('data-open'), x: bar.x, width: bar.width });
+      });
+      return result;
+    });
+    expect(bars.map((bar) => [bar.kind, bar.open])).toEqual([
+      ['state', 'false'],
+      ['state', 'false'],
+      ['state', 'false'],
+      ['state', 'false'],
+      ['state', 'true'],
+    ]);
+    expect(bars.map((bar) => bar.label)).toEqual(['state queued', 'state classifying', 'state review.approval', 'state paying', 'state confirming']);
+    // The path's transitions are a second apart: the states follow each other left to right, each drawn.
+    for (const [index, bar] of bars.entries()) {
+      expect(bar.width).toBeGreaterThan(0);
+      if (index > 1) expect(bar.x).toBeGreaterThan(bars[index - 1]!.x);
+    }
+    await page.locator('#run-timeline').scrollIntoViewIfNeeded();
     await shot('run');
   });
 });

@@ -36,6 +36,9 @@ const text = async (path: string) => {
   expect(response.status, path).toBe(200);
   return response.text();
 };
+/** The timeline drawn on a run's page: [kind, label, open] per bar, from each bar's title. */
+const drawnTimeline = (page: string) =>
+  [...page.matchAll(/<g class="segment" data-kind="([^"]+)" data-open="(true|false)"><title>[^ ]+ ([^<]*?): \+[^<]*<\/title>/g)].map((match) => [match[1], match[3], match[2] === 'true']);
 /** The counts drawn on the agent's statechart: state → count. */
 const drawnCounts = (page: string, key: string) =>
   Object.fromEntries(
@@ -198,6 +201,16 @@ describe('a run\'s page', () => {
       [3, 'done(pay)', 'confirming'],
       [4, 'done(ask)', 'done'],
     ]);
+    // The timeline: to scale, the states it went through, one bar each.
+    expect(page).toContain('<svg xmlns="http://www.w3.org/2000/svg" id="run-timeline"');
+    expect(drawnTimeline(page)).toEqual([
+      ['state', 'queued', false],
+      ['state', 'classifying', false],
+      ['state', 'review.approval', false],
+      ['state', 'paying', false],
+      ['state', 'confirming', false],
+      ['state', 'done', false],
+    ]);
   });
 
   it('of a run the executor drove: its committed transitions drawn as they were written', async () => {
@@ -216,6 +229,14 @@ describe('a run\'s page', () => {
       ['done(classify)', 'review.approval'],
     ]);
     expect(drawnCounts(await text('/ui/machines'), 'agent/refund')['review.approval']).toBe(2);
+    // Its timeline: the step it took, and the state and the wait it stands in now, open.
+    expect(drawnTimeline(page)).toEqual([
+      ['state', 'queued', false],
+      ['state', 'classifying', false],
+      ['step', 'step classify', false],
+      ['state', 'review.approval', true],
+      ['wait(approval)', 'approval of askApproval', true],
+    ]);
     // The approvals page names the state and the step that wait, not a model or a tool; at this
     // run's audit level (metadata, the default) what the step asks is not kept, and it says which setting keeps it.
     const approvals = await text('/ui/approvals');
