@@ -75,16 +75,15 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
   const comebacks = new Map<string, { jobId: string; at: number; baseJobId: string }>();
 
   /**
-   * A slot at `destination` was released: the delivery waiting there longest comes back now, by a
-   * job of its own (its later comeback then finds it sent, or finds this one newer and ends).
-   * Without it a destination's backlog was sent only as fast as comeback jobs came due: a single
-   * healthy receiver with hundreds waiting (a backlog after an outage) got about 15 deliveries a
-   * second through its 4 slots instead of what the receiver could take.
+   * A slot was released and `next` waits longest at its destination (the gate's nextWaiting): it
+   * comes back now, by a job of its own (its later comeback then finds it sent, or finds this one
+   * newer and ends). Without it a destination's backlog was sent only as fast as comeback jobs came
+   * due: a single healthy receiver with hundreds waiting (a backlog after an outage) got about 15
+   * deliveries a second through its 4 slots instead of what the receiver could take.
    */
-  async function offerReleasedSlot(destination: string): Promise<void> {
-    const next = gate.nextWaiting(destination);
-    const waiting = next === null ? undefined : comebacks.get(next);
-    if (next === null || waiting === undefined) return;
+  async function offerReleasedSlot(next: string): Promise<void> {
+    const waiting = comebacks.get(next);
+    if (waiting === undefined) return;
     const now = Date.now();
     const jobId = `${waiting.baseJobId}-r${now}`;
     comebacks.set(next, { jobId, at: now, baseJobId: waiting.baseJobId });
@@ -370,7 +369,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
       const next = gate.nextWaiting(destination);
       if (next === null) break;
       if (typeof last.outcome !== 'object' || last.outcome.kind !== 'delivered' || Date.now() >= until) {
-        await offerReleasedSlot(destination).catch((error: unknown) => logger.warn({ err: error, destination }, 'waking a waiting delivery failed; its comeback job brings it'));
+        await offerReleasedSlot(next).catch((error: unknown) => logger.warn({ err: error, destination }, 'waking a waiting delivery failed; its comeback job brings it'));
         break;
       }
       try {
