@@ -1,12 +1,12 @@
 import { sql } from 'slonik';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { reapExpiredLeases } from '../../../workers/maintenance.js';
-import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
-import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
-import { waitFor } from '../../support/wait-for.js';
-import { createClient } from '../../../src/auth/client-repository.js';
-import { PUSH_TEST_OVERRIDES } from '../push/push-support.js';
+import { reapExpiredLeases } from '../../workers/maintenance.js';
+import { callA2A, expectA2AResult } from '../support/a2a-wire.js';
+import { startTestKeel, type TestKeel } from '../support/test-keel.js';
+import { waitFor } from '../support/wait-for.js';
+import { createClient } from '../../src/auth/client-repository.js';
+import { PUSH_TEST_OVERRIDES } from '../integration/push/push-support.js';
 
 // Fair run slots (docs/reliability.md, "Fair run slots"; decision 0062). A heavy client floods
 // Keel with 1,000 tasks while a light client sends blocking SendMessage calls one at a time: the
