@@ -309,10 +309,11 @@ function shownProblems(label: string, frames: readonly Frame[], binding: Binding
 const consecutive = (frames: readonly Frame[]) => frames.every((frame, index) => index === 0 || frame.id === frames[index - 1]!.id! + 1);
 
 describe(`Postgres crashed under load on the ${BACKEND} queue backend`, () => {
-  it.each<[CrashMode, string]>([
-    ['immediate', 'an immediate stop (pg_ctl stop -m immediate)'],
-    ['kill', 'SIGKILL of the postmaster'],
-  ])(
+  // One crash mode per topology, both on each queue backend: the split roles take the SIGKILL of
+  // the postmaster, the one `all` process below the immediate stop (the pool's own file, pool-crash,
+  // takes both). The split roles under an immediate stop as well added 80 s to each CI pass and
+  // crossed no code path the other two do not (docs/reliability.md, "Postgres crash").
+  it.each<[CrashMode, string]>([['kill', 'SIGKILL of the postmaster']])(
     '%s: after %s and crash recovery Keel answers again within seconds, nothing lost',
     async (mode) => {
       const { postgres, receiver } = suite;
