@@ -109,7 +109,8 @@ export function projectPackageJson(name: string, input: Pick<ScaffoldProjectInpu
     dependencies: { keel: input.keelSpec, xstate },
     devDependencies: { vitest },
     ...(keel.overrides === undefined ? {} : { overrides: keel.overrides }),
-    ...(keel.allowScripts === undefined ? {} : { allowScripts: keel.allowScripts }),
+    // Keel's own, and Keel's `prepare`, which builds it when it is installed from a git URL.
+    allowScripts: { ...keel.allowScripts, keel: true },
   };
   return `${JSON.stringify(manifest, null, 2)}\n`;
 }
@@ -144,7 +145,10 @@ agents:
     provider: model                         # what its callModel steps call
     tools: []                               # what its callTool steps may call (toolModules)
     skills:
-      - { id: answer, name: Answer a request, description: Answers, or asks for more detail first, tags: [statechart] }
+      - id: answer
+        name: Answer a request
+        description: Answers, or asks for more detail first
+        tags: [statechart]
 `;
 }
 

@@ -45,6 +45,8 @@ function expectSuccess(ran: Ran, what: string): void {
 }
 
 const INSTALL = ['--prefer-offline', '--no-audit', '--no-fund'];
+/** npm pack (it builds dist/) and each install take tens of seconds on a loaded 2-core machine. */
+const STEP_TIMEOUT_MS = 240_000;
 
 beforeAll(async () => {
   database = await createEmptyDatabase();
@@ -72,7 +74,7 @@ describe('Keel outside its checkout', () => {
     const paths = info!.files.map((file) => file.path);
     expect(paths).toEqual(expect.arrayContaining(['bin/keel.js', 'lib/statechart.js', 'dist/src/cli/main.js', 'dist/src/statecharts/steps.js', 'dist/src/statecharts/steps.d.ts', 'dist/machines/run.machine.js', 'dist/sql/0001_runs.sql', 'package.json']));
     expect(paths.filter((path) => path.startsWith('src/') || path.startsWith('test/'))).toEqual([]);
-  });
+  }, STEP_TIMEOUT_MS);
 
   it('installs from the tarball in a directory of its own, and `npx keel new project` scaffolds a repository', async () => {
     mkdirSync(installDir);
@@ -91,14 +93,14 @@ describe('Keel outside its checkout', () => {
     const again = await run('npx', ['keel', 'new', 'project', project], installDir);
     expect(again.code).toBe(64);
     expect(again.output).toContain(`keel: cannot create project in ${project}: the directory is not empty`);
-  });
+  }, STEP_TIMEOUT_MS);
 
   it("the project's npm install and npm test pass", async () => {
     expectSuccess(await run('npm', ['install', ...INSTALL], project), 'npm install in the project');
     const tested = await run('npm', ['test'], project);
     expectSuccess(tested, 'npm test in the project');
     expect(tested.output).toMatch(/Tests\s+2 passed \(2\)/);
-  });
+  }, STEP_TIMEOUT_MS);
 
   it('npm start serves the agent, and the official client gets its answer', async () => {
     const queue: Record<string, string> = testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL, KEEL_QUEUE_PREFIX: prefix } : { KEEL_QUEUE_PREFIX: prefix };
@@ -138,5 +140,5 @@ describe('Keel outside its checkout', () => {
     process.kill(-keelGroup, 'SIGTERM');
     await new Promise((resolve) => child.on('exit', resolve));
     keelGroup = null;
-  });
+  }, STEP_TIMEOUT_MS);
 });
