@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Task } from '@a2a-js/sdk';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -45,8 +46,8 @@ function expectSuccess(ran: Ran, what: string): void {
 }
 
 const INSTALL = ['--prefer-offline', '--no-audit', '--no-fund'];
-/** npm pack (it builds dist/) and each install take tens of seconds on a loaded 2-core machine. */
-const STEP_TIMEOUT_MS = 240_000;
+/** npm pack (it builds dist/) and each install took 2 to 4 minutes on a 2-core machine at load average 20. */
+const STEP_TIMEOUT_MS = 420_000;
 
 beforeAll(async () => {
   database = await createEmptyDatabase();
@@ -62,8 +63,9 @@ afterAll(async () => {
   }
   await database?.drop();
   if (testQueueKind() === 'redis') await deleteQueueKeys([prefix]);
-  rmSync(work, { recursive: true, force: true });
-});
+  // Two installs of Keel: tens of thousands of files, slow to remove on a loaded disk.
+  await rm(work, { recursive: true, force: true });
+}, STEP_TIMEOUT_MS);
 
 describe('Keel outside its checkout', () => {
   it('npm pack makes a package with the compiled build and the declarations, and no sources', async () => {
@@ -93,6 +95,8 @@ describe('Keel outside its checkout', () => {
     const again = await run('npx', ['keel', 'new', 'project', project], installDir);
     expect(again.code).toBe(64);
     expect(again.output).toContain(`keel: cannot create project in ${project}: the directory is not empty`);
+    // Only the project's own install is used from here on.
+    await rm(installDir, { recursive: true, force: true });
   }, STEP_TIMEOUT_MS);
 
   it("the project's npm install and npm test pass", async () => {
