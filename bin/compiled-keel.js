@@ -22,6 +22,27 @@ const BUILD_FORMAT = 1;
 /** A build no process has started from for this long is removed by the next build. */
 const UNUSED_BUILD_MS = 24 * 60 * 60 * 1000;
 
+/**
+ * esbuild's JavaScript for each TypeScript source, under outdir at the same relative path: the
+ * build a checkout runs and the one a packed Keel ships (scripts/build-package.js).
+ */
+export async function transpile(repoRoot, files, outdir) {
+  const { build: esbuild } = await import('esbuild');
+  await esbuild({
+    entryPoints: files,
+    outdir,
+    outbase: repoRoot,
+    bundle: false,
+    format: 'esm',
+    platform: 'node',
+    target: 'node20',
+    // Stack traces in logs point at the TypeScript lines (bin/keel.js turns source maps on).
+    sourcemap: 'linked',
+    sourcesContent: false,
+    logLevel: 'silent',
+  });
+}
+
 /** The compiled CLI entry of the sources under repoRoot, built first when missing. */
 export async function compiledKeel(repoRoot) {
   const files = sourceFiles(repoRoot);
@@ -37,7 +58,8 @@ export async function compiledKeel(repoRoot) {
   return join(buildDir, 'src', 'cli', 'main.js');
 }
 
-function sourceFiles(repoRoot) {
+/** Every TypeScript source of the program under repoRoot, sorted. */
+export function sourceFiles(repoRoot) {
   const files = [];
   const walk = (dir) => {
     for (const entry of readdirSync(dir, { withFileTypes: true })) {
@@ -85,22 +107,10 @@ function buildCacheRoot(repoRoot) {
  * see half a build: the first rename wins and the others use its result.
  */
 async function build(repoRoot, files, cacheRoot, buildDir) {
-  const { build: esbuild, stop, version } = await import('esbuild');
+  const { stop, version } = await import('esbuild');
   const staging = join(cacheRoot, `.staging-${process.pid}-${randomBytes(4).toString('hex')}`);
   try {
-    await esbuild({
-      entryPoints: files,
-      outdir: staging,
-      outbase: repoRoot,
-      bundle: false,
-      format: 'esm',
-      platform: 'node',
-      target: 'node20',
-      // Stack traces in logs point at the TypeScript lines (bin/keel.js turns source maps on).
-      sourcemap: 'linked',
-      sourcesContent: false,
-      logLevel: 'silent',
-    });
+    await transpile(repoRoot, files, staging);
     // Without a package.json of their own the .js files under node_modules/.cache would be read
     // as CommonJS: Node stops looking for the package scope at a node_modules folder.
     writeFileSync(join(staging, 'package.json'), `${JSON.stringify({ type: 'module', private: true, esbuild: version })}\n`);

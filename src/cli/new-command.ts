@@ -206,7 +206,34 @@ export function scaffoldAgent(input: ScaffoldAgentInput): ScaffoldAgentResult {
 }
 
 export function registerNewCommand(program: Command, globals: () => GlobalOptions): void {
-  const create = program.command('new').description('scaffold new project files');
+  const create = program.command('new').description('scaffold a project, or an agent in one');
+  create
+    .command('project <dir>')
+    .description('scaffold a repository that serves a statechart agent with Keel as a dependency: package.json, keel.config.yaml, the machine and its vitest test, .gitignore, README.md')
+    .option('--agent <name>', "the agent's id and file name", 'assistant')
+    .option('--keel <spec>', 'the keel dependency in package.json: a version, a tarball path or a git URL (default: where this Keel came from)')
+    .action(async (dir: string, options: { agent: string; keel?: string }) => {
+      const { defaultKeelSpec, runningKeel, scaffoldProject } = await import('./new-project.js');
+      const keel = runningKeel();
+      const keelSpec = options.keel ?? defaultKeelSpec(keel);
+      const result = scaffoldProject({ dir, agent: options.agent, keelSpec, keel: keel.manifest });
+      if (!result.ok) throw new CliExit(result.reason === 'unwritable' ? EXIT.failure : EXIT.usage, result.message);
+      const shown = relative(process.cwd(), result.dir) || '.';
+      process.stdout.write(
+        [
+          ...result.files.map((file) => `created ${relative(process.cwd(), file) || file}`),
+          '',
+          `keel: ${keelSpec}`,
+          '',
+          'Next:',
+          ...(shown === '.' ? [] : [`  cd ${shown}`]),
+          '  npm install',
+          '  npm test       # the agent machine\'s test',
+          `  npm start      # serves the agent at http://127.0.0.1:8080/a2a/${options.agent} (README.md: how to call it)`,
+          '',
+        ].join('\n'),
+      );
+    });
   create
     .command('agent <name>')
     .description('scaffold a statechart agent: <dir>/<name>.machine.ts and its vitest test, and print the config lines that serve it')
