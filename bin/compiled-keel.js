@@ -13,7 +13,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, s
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 
-/** The folders whose TypeScript makes up the program (tsconfig.build.json's `include`). */
+/** The folders whose TypeScript makes up the program. */
 const SOURCE_DIRS = ['src', 'machines', 'workers'];
 /** What the compiled files read beside them at run time (src/db/migrate.ts: `../../sql`). */
 const LINKED_DIRS = ['sql'];
