@@ -148,9 +148,14 @@ export function selectionProblem(selection: RunSelection): string | null {
 
 const matchesState = (value: unknown, state: string) => stateText(value) === state || activePaths(value).includes(state);
 
-/** The runs a selection names, oldest first (at most BULK_LIMIT); the state is the machine state a statechart run stands in. */
-export async function selectRuns(pool: DatabasePool, selection: RunSelection): Promise<readonly RunRow[]> {
+/**
+ * The runs a selection names, oldest first (at most BULK_LIMIT); the state is the machine state a
+ * statechart run stands in. With `only`, just those of these runs the selection still names (a
+ * confirmation changes the runs its preview listed, never more).
+ */
+export async function selectRuns(pool: DatabasePool, selection: RunSelection, only?: ReadonlySet<string>): Promise<readonly RunRow[]> {
   const conditions = [sql.fragment`true`];
+  if (only) conditions.push(sql.fragment`id = ANY(${sql.array([...only], 'uuid')})`);
   if (selection.agent) conditions.push(sql.fragment`agent = ${selection.agent}`);
   if (selection.status) conditions.push(sql.fragment`status = ${selection.status}`);
   if (selection.status && !(TERMINAL_RUN_STATUSES as readonly string[]).includes(selection.status)) conditions.push(sql.fragment`settled_at IS NULL`);
@@ -176,10 +181,14 @@ const itemOf = (run: RunRow, outcome: BulkOutcome, detail: string): BulkItem => 
 });
 
 /** Cancels every run of the selection that has not ended (a dry run only lists them); ended runs are listed as skipped. */
-export async function bulkCancel(deps: Pick<RecoveryDeps, 'pool' | 'logger'>, selection: RunSelection, options: { dryRun: boolean; operator: Operator }): Promise<BulkReport> {
+export async function bulkCancel(
+  deps: Pick<RecoveryDeps, 'pool' | 'logger'>,
+  selection: RunSelection,
+  options: { dryRun: boolean; operator: Operator; only?: ReadonlySet<string> },
+): Promise<BulkReport> {
   const items: BulkItem[] = [];
   let changed = 0;
-  for (const run of await selectRuns(deps.pool, selection)) {
+  for (const run of await selectRuns(deps.pool, selection, options.only)) {
     if ((TERMINAL_RUN_STATUSES as readonly string[]).includes(run.status)) {
       items.push(itemOf(run, 'skipped', `already ${run.status}`));
       continue;
@@ -199,6 +208,7 @@ export async function bulkCancel(deps: Pick<RecoveryDeps, 'pool' | 'logger'>, se
     }
   }
   if (!options.dryRun) deps.logger.info({ operator: options.operator.name, via: options.operator.via, selection, cancelled: changed }, 'operator cancelled runs in bulk');
+  for (const item of items) if (item.outcome === 'cancelled') deps.logger.info({ runId: item.id, operator: options.operator.name, via: options.operator.via }, 'operator cancelled a run');
   return { action: 'cancel', dryRun: options.dryRun, selection, items, changed };
 }
 
@@ -207,10 +217,14 @@ export async function bulkCancel(deps: Pick<RecoveryDeps, 'pool' | 'logger'>, se
  * `fromState`); a dry run checks each as the retry would and lists where it would start or why it
  * is refused. Runs that are not failed are listed as skipped.
  */
-export async function bulkRetry(deps: RecoveryDeps, selection: RunSelection, options: { dryRun: boolean; operator: Operator; fromState?: string }): Promise<BulkReport> {
+export async function bulkRetry(
+  deps: RecoveryDeps,
+  selection: RunSelection,
+  options: { dryRun: boolean; operator: Operator; fromState?: string; only?: ReadonlySet<string> },
+): Promise<BulkReport> {
   const items: BulkItem[] = [];
   let changed = 0;
-  for (const run of await selectRuns(deps.pool, selection)) {
+  for (const run of await selectRuns(deps.pool, selection, options.only)) {
     if (run.status !== 'failed') {
       items.push(itemOf(run, 'skipped', `${run.status}: only a failed run is retried`));
       continue;
