@@ -325,7 +325,9 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
     const selection = selectionOf(runId, options, 'cancel');
     const config = loadConfigOrExit(globals());
     if (selection) {
-      await withDatabase(config, async (pool, logger) => printBulk(await bulkCancel({ pool, logger }, selection, { dryRun: options.dryRun === true, operator: cliOperator() }), options.json));
+      await withDatabase(config, async (pool, logger) =>
+        printBulk(await bulkCancel({ pool, logger: logger.child({}, { level: 'warn' }) }, selection, { dryRun: options.dryRun === true, operator: cliOperator() }), options.json),
+      );
       return;
     }
     const id = requireRunId(runId!);
@@ -353,7 +355,8 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
     const selection = selectionOf(runId, options, 'retry');
     const config = loadConfigOrExit(globals());
     await withCommandContext(config, async ({ pool, sealer, queues, logger }) => {
-      const deps: RecoveryDeps = { pool, sealer, queues, logger, definitionOf: configuredDefinitions(config) };
+      // The command prints what it did; the log says only what went wrong (the run's events keep the audit entry).
+      const deps: RecoveryDeps = { pool, sealer, queues, logger: logger.child({}, { level: 'warn' }), definitionOf: configuredDefinitions(config) };
       if (selection) {
         printBulk(await bulkRetry(deps, selection, { dryRun: options.dryRun === true, operator: cliOperator(), ...(options.fromState ? { fromState: options.fromState } : {}) }), options.json);
         return;
