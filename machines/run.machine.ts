@@ -88,7 +88,12 @@ export type RunEvent =
   | { type: 'FAIL'; reason: TerminationReason }
   | { type: 'CANCEL' }
   | { type: 'REQUEUE' }
-  | { type: 'DEAD_LETTER' };
+  | { type: 'DEAD_LETTER' }
+  /**
+   * An operator retries a failed statechart run from a state it committed (`keel runs retry`, the
+   * run page): the run is queued again, same id, same task, restored from that state's restore point.
+   */
+  | { type: 'RETRY'; machineState: string | null };
 export type RunEventType = RunEvent['type'];
 
 const completesWith = (reasons: readonly TerminationReason[]) => ({ event }: { event: RunEvent }) =>
@@ -103,6 +108,8 @@ export const runMachine = setup({
   guards: {
     completionReason: completesWith(REASONS_BY_TERMINAL_STATUS.completed),
     failureReason: completesWith(REASONS_BY_TERMINAL_STATUS.failed),
+    /** Only a statechart run, from a state its machine committed (src/runs/run-recovery.ts checks which). */
+    fromCommittedState: ({ event }) => event.type === 'RETRY' && typeof event.machineState === 'string' && event.machineState !== '',
   },
 }).createMachine({
   id: 'run',
@@ -143,7 +150,12 @@ export const runMachine = setup({
       on: { TIMER_DUE: 'running', FAIL: fail, CANCEL: cancel },
     },
     completed: { type: 'final', description: 'Answered (possibly truncated)' },
-    failed: { type: 'final', description: 'Ended without an answer; the reason says why' },
+    failed: {
+      type: 'final',
+      description: 'Ended without an answer; the reason says why. An operator may retry a statechart run from a committed state',
+      // The one way out of a terminal status: an operator's retry, never a worker's or a sweep's.
+      on: { RETRY: { target: 'queued', guard: 'fromCommittedState' } },
+    },
     cancelled: { type: 'final', description: 'Cancelled by a client or an operator' },
   },
 });

@@ -27,7 +27,9 @@ export type TaskEvent =
   | { type: 'DEAD_LETTER' }
   | { type: 'APPROVAL_TIMED_OUT' }
   | { type: 'REJECT' }
-  | { type: 'CANCEL' };
+  | { type: 'CANCEL' }
+  /** An operator retried the failed statechart run: the task is submitted again and works on to a new end. */
+  | { type: 'RETRY' };
 
 const ended = { FAIL: 'TASK_STATE_FAILED', REJECT: 'TASK_STATE_REJECTED', CANCEL: 'TASK_STATE_CANCELED' } as const;
 
@@ -58,7 +60,11 @@ export const taskMachine = setup({ types: { events: {} as TaskEvent } }).createM
       description: 'A2A vocabulary only: no run status maps to it, so Keel never enters it',
     },
     TASK_STATE_COMPLETED: { type: 'final', description: 'Answered; the result is stored with the task' },
-    TASK_STATE_FAILED: { type: 'final', description: 'Its run failed; the status message says why' },
+    TASK_STATE_FAILED: {
+      type: 'final',
+      description: 'Its run failed; the status message says why. An operator may retry a statechart run, which submits the task again',
+      on: { RETRY: 'TASK_STATE_SUBMITTED' },
+    },
     TASK_STATE_CANCELED: { type: 'final', description: 'Cancelled by its client or an operator' },
     TASK_STATE_REJECTED: { type: 'final', description: 'The agent refused the task' },
   },

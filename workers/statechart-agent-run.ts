@@ -23,7 +23,7 @@ import {
 } from '../src/statecharts/statechart-run.js';
 import { errorClassOf, errorTextNotKept, errorTextSetting, stepFailureText } from '../src/statecharts/step-failure.js';
 import type { AskApprovalInput, AskInputInput, CallModelInput, CallRemoteAgentInput, CallToolInput, StepMarker } from '../src/statecharts/steps.js';
-import type { ToolResult } from '../src/tools/tool.js';
+import type { ToolEffect, ToolResult } from '../src/tools/tool.js';
 import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
 import type { RunningStepName } from './run-execution.js';
 
@@ -32,8 +32,16 @@ import type { RunningStepName } from './run-execution.js';
 // transition under the run's lease. What it returns is an outcome of the same kind as the agent
 // loop's, so the executor settles, suspends or stops it the same way.
 
+/** A step the run started, by key: what it runs and its effect, so a retry knows which steps it must not run again. */
+export type StartedStep = { id: string; src: string; effect: ToolEffect };
+
 /** What a statechart run keeps in its durable state besides the agent loop's fields (whose pending* fields the resume paths read). */
-export type StatechartState = LoopState & { machine?: MachineRecord | null; waiting?: RunningStep | null };
+export type StatechartState = LoopState & {
+  machine?: MachineRecord | null;
+  waiting?: RunningStep | null;
+  /** Every step started so far, by key (recorded with the transition that started it). */
+  startedSteps?: Record<string, StartedStep>;
+};
 
 /** What the machine is given as input: the task's message. */
 export type StatechartInput = {
@@ -281,6 +289,17 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     }
   }
 
+  /** A step's effect: a custom step's own (non-idempotent unless it says otherwise), a tool call's tool's, the built-in steps' fixed ones. */
+  const effectOf = (step: RunningStep): ToolEffect => {
+    const marker = definition.steps.get(step.src);
+    if (!marker) return 'non_idempotent_write';
+    if (marker.kind === 'callTool') {
+      const tool = (step.input as CallToolInput | null)?.tool;
+      return (typeof tool === 'string' ? agent.tools.get(tool)?.effect : undefined) ?? 'non_idempotent_write';
+    }
+    return marker.effect ?? 'non_idempotent_write';
+  };
+
   const host: StatechartHost = {
     perform: (step, marker, signal) => perform(step, marker, signal),
     checkpoint: deps.checkpoint,
@@ -303,7 +322,9 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
           if (!(await announceRunOutputs(transaction, runId, workerId))) return false;
           await appendRunOutputs(transaction, sealer, runId, held.revision + 1, held.answerLevel, outputs);
         }
-        state = { ...state, machine: record, waiting: null };
+        const startedSteps = { ...state.startedSteps };
+        for (const step of record.running) startedSteps[step.key] ??= { id: step.id, src: step.src, effect: effectOf(step) };
+        state = { ...state, machine: record, waiting: null, startedSteps };
         const saved = await saveMachineProgress(transaction, sealer, runId, workerId, {
           state,
           // The version the run started with (each path row names the version that took it).
@@ -312,7 +333,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
           insideNonIdempotentStep: mark,
         });
         if (!saved) return false;
-        await appendMachineStep(transaction, runId, { sequence: record.transitions, state: value, event, machineHash: record.hash });
+        await appendMachineStep(transaction, runId, { sequence: record.transitions, state: value, event, machineHash: record.hash }, { sealer, state });
         return true;
       });
       if (committed && outputs.length > 0) deps.shown();

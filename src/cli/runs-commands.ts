@@ -1,6 +1,11 @@
+import { userInfo } from 'node:os';
 import type { Command } from 'commander';
-import { RUN_STATUSES, type RunStatus } from '../../machines/run.machine.js';
+import { RUN_STATUSES, TERMINATION_REASONS, type RunStatus } from '../../machines/run.machine.js';
+import { configBaseDir, type KeelConfig } from '../config/load-config.js';
 import { cancelRun, getRun, listRuns } from '../runs/run-repository.js';
+import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../runs/run-recovery.js';
+import { loadStatechart, type StatechartDefinition } from '../statecharts/statechart-definition.js';
+import { stepApprovalOf, waitingStep, type StepApproval } from '../ui/step-approval.js';
 import { dueOpenDependenciesOfRun } from '../remote/dependency-repository.js';
 import { listRunEvents } from '../runs/run-event-repository.js';
 import { buildRunTimeline, timelineLines } from '../runs/run-timeline.js';
@@ -17,12 +22,21 @@ function requireRunId(id: string): string {
 }
 
 type PendingView =
-  | { kind: 'approval'; digest: string; calls?: Array<{ id: string; name: string; arguments: unknown }>; guardrail?: { name: string; stage: string; reason: string } }
+  | {
+      kind: 'approval';
+      digest: string;
+      calls?: Array<{ id: string; name: string; arguments: unknown }>;
+      guardrail?: { name: string; stage: string; reason: string };
+      /** A statechart run's askApproval step: which state and step wait, and what it asks at the levels that keep content. */
+      step?: StepApproval;
+    }
   | { kind: 'input'; tool: string; prompt: string; schema: unknown }
   | { kind: 'unreadable'; detail: string };
 
-function pendingFromState(state: LoopState): PendingView | null {
+function pendingFromState(state: LoopState, run: { machine_state?: unknown; audit_level: string }): PendingView | null {
   const approval = state.pendingApproval;
+  const step = stepApprovalOf(approval, waitingStep(state), run.machine_state, run.audit_level as StepApproval['level']);
+  if (step && approval) return { kind: 'approval', digest: approval.digest, step };
   if (approval?.kind === 'tools') return { kind: 'approval', digest: approval.digest, calls: approval.calls };
   if (approval?.kind === 'guardrail') {
     return { kind: 'approval', digest: approval.digest, guardrail: { name: approval.guardrail, stage: approval.stage, reason: approval.reason } };
@@ -39,12 +53,101 @@ function describePending(pending: PendingView): string[] {
       return [`waiting for input to tool ${pending.tool}: ${pending.prompt}`, `  schema ${JSON.stringify(pending.schema)}`];
     case 'approval': {
       const lines = [`waiting for approval; turn digest ${pending.digest}`];
+      if (pending.step) lines.push(...describeStepApproval(pending.step));
       for (const call of pending.calls ?? []) lines.push(`  call ${call.id}: ${call.name} ${JSON.stringify(call.arguments)}`);
       if (pending.guardrail) lines.push(`  guardrail ${pending.guardrail.name} on the ${pending.guardrail.stage}: ${pending.guardrail.reason}`);
       lines.push(`  decide with: keel runs approve|deny <runId> --turn ${pending.digest}`);
       return lines;
     }
   }
+}
+
+/** A statechart step waiting for an operator, in the words of the run page (src/ui/step-approval.ts). */
+function describeStepApproval(step: StepApproval): string[] {
+  const lines = [`  the step ${step.step}${step.src !== step.step ? ` (${step.src})` : ''} in state ${step.state} is waiting for an operator's decision`];
+  if (step.input === null) {
+    lines.push(
+      `  what it asks is not shown: this run keeps no content at its audit level (${step.level})${step.fields.length > 0 ? `; its details have the fields ${step.fields.join(', ')}` : ''}`,
+    );
+    return lines;
+  }
+  lines.push(`  it asks: ${step.input.summary}${step.level === 'redacted' ? ' (redacted, as this run\'s audit level keeps it)' : ''}`);
+  if (step.input.details && Object.keys(step.input.details).length > 0) lines.push(`  details ${JSON.stringify(step.input.details)}`);
+  return lines;
+}
+
+/** Who runs the command, for the audit entry of a retry. */
+function cliOperator(): Operator {
+  try {
+    return { name: userInfo().username, via: 'cli' };
+  } catch {
+    return { name: 'cli', via: 'cli' };
+  }
+}
+
+/** The current machine of each statechart agent of the configuration, loaded once when a retry needs it. */
+function configuredDefinitions(config: KeelConfig): RecoveryDeps['definitionOf'] {
+  const loaded = new Map<string, Promise<StatechartDefinition | null>>();
+  return (agentId) => {
+    let definition = loaded.get(agentId);
+    if (!definition) {
+      definition = (async () => {
+        const index = config.agents.findIndex((agent) => agent.id === agentId);
+        const agent = config.agents[index];
+        if (!agent?.machine) return null;
+        const result = await loadStatechart(agent.machine, configBaseDir(config), `agents.${index} (${agent.id})`);
+        if (!result.ok) throw new CliExit(EXIT.config, `the machine of agent ${agentId} cannot be loaded:\n${result.problems.map((problem) => `  - ${problem}`).join('\n')}`);
+        return result.definition;
+      })();
+      loaded.set(agentId, definition);
+    }
+    return definition;
+  };
+}
+
+type SelectionOptions = { agent?: string; status?: string; state?: string; reason?: string; dryRun?: boolean; json?: boolean };
+
+/** The selection of a bulk command, or null when it names one run; a run id and a selection together, or neither, is a usage error. */
+function selectionOf(runId: string | undefined, options: SelectionOptions, verb: string): RunSelection | null {
+  const selection: RunSelection = {
+    ...(options.agent ? { agent: options.agent } : {}),
+    ...(options.status ? { status: options.status as RunStatus } : {}),
+    ...(options.state ? { state: options.state } : {}),
+    ...(options.reason ? { reason: options.reason } : {}),
+  };
+  const selecting = Object.keys(selection).length > 0;
+  if (runId !== undefined && selecting) throw new CliExit(EXIT.usage, `give a run id or a selection (--agent, --status, --state, --reason), not both`);
+  if (runId === undefined && !selecting) throw new CliExit(EXIT.usage, `give the run to ${verb}, or choose runs with --agent, --status, --state or --reason`);
+  if (runId === undefined) {
+    const problem = selectionProblem(selection);
+    if (problem) throw new CliExit(EXIT.usage, problem.replace('status must', '--status must').replace('termination reason must', '--reason must'));
+    return selection;
+  }
+  if (options.dryRun) throw new CliExit(EXIT.usage, '--dry-run goes with a selection (--agent, --status, --state, --reason)');
+  return null;
+}
+
+const OUTCOME_TEXT: Record<BulkReport['items'][number]['outcome'], string> = {
+  would_cancel: 'would cancel',
+  cancelled: 'cancelled',
+  would_retry: 'would retry',
+  retried: 'retried',
+  refused: 'refused',
+  skipped: 'skipped',
+};
+
+function printBulk(report: BulkReport, json: boolean | undefined): void {
+  if (json) {
+    process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+    return;
+  }
+  const rows = report.items.map((item) => ({ id: item.id, agent: item.agent, status: item.status, state: item.state ?? '', reason: item.reason ?? '', outcome: OUTCOME_TEXT[item.outcome], detail: item.detail }));
+  const would = report.items.filter((item) => item.outcome === 'would_cancel' || item.outcome === 'would_retry').length;
+  const verb = report.action === 'cancel' ? 'cancelled' : 'retried';
+  const summary = report.dryRun
+    ? `dry run: ${would} of ${report.items.length} selected runs would be ${verb}; nothing was changed (run again without --dry-run to do it)`
+    : `${report.changed} of ${report.items.length} selected runs ${verb}`;
+  process.stdout.write(`${rows.length > 0 ? `${printTable(rows, ['id', 'agent', 'status', 'state', 'reason', 'outcome', 'detail'])}\n` : ''}${summary}\n`);
 }
 
 export function registerRunsCommands(program: Command, globals: () => GlobalOptions): void {
@@ -99,7 +202,7 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
         const pendingOf = async (status: 'waiting_for_approval' | 'waiting_for_input'): Promise<PendingView | null> => {
           const read = await readSuspendedRun(pool, sealer, id, status);
           if (!read.ok) return read.reason === 'unreadable' ? { kind: 'unreadable', detail: read.detail } : null;
-          return pendingFromState(read.view.state);
+          return pendingFromState(read.view.state, read.view.run);
         };
         const run = await getRun(pool, id);
         if (!run) throw new CliExit(EXIT.notFound, `run ${id} not found`);
@@ -205,22 +308,67 @@ export function registerRunsCommands(program: Command, globals: () => GlobalOpti
       });
   }
 
-  runs
-    .command('cancel <runId>')
-    .description('cancel a run that has not ended yet')
-    .action(async (runId: string) => {
-      const id = requireRunId(runId);
-      const config = loadConfigOrExit(globals());
-      await withDatabase(config, async (pool, logger) => {
-        const result = await cancelRun(pool, logger, id);
-        // Remote tasks the run waits on are made due: a running Keel's poller cancels them.
-        if (result.settled) await dueOpenDependenciesOfRun(pool, id);
-        if (result.settled) {
-          process.stdout.write(`run ${id} cancelled\n`);
-          return;
-        }
-        if (result.current === null) throw new CliExit(EXIT.notFound, `run ${id} not found`);
-        throw new CliExit(EXIT.failure, `run ${id} is already ${result.current}; a run that has ended cannot be cancelled`);
-      });
+  const selectionOptions = (command: Command) =>
+    command
+      .option('--agent <id>', 'choose the runs of this agent')
+      .option('--status <status>', `choose the runs in this status (${RUN_STATUSES.join(', ')})`)
+      .option('--state <state>', 'choose the statechart runs standing in this state of their machine ("review" or "review.approval")')
+      .option('--reason <reason>', `choose the runs that ended with this termination reason (${TERMINATION_REASONS.join(', ')})`)
+      .option('--dry-run', 'list what would change and change nothing')
+      .option('--json', 'print the report as JSON');
+
+  selectionOptions(
+    runs
+      .command('cancel [runId]')
+      .description('cancel a run that has not ended yet, or every run a selection chooses (--agent, --status, --state, --reason; --dry-run lists them)'),
+  ).action(async (runId: string | undefined, options: SelectionOptions) => {
+    const selection = selectionOf(runId, options, 'cancel');
+    const config = loadConfigOrExit(globals());
+    if (selection) {
+      await withDatabase(config, async (pool, logger) =>
+        printBulk(await bulkCancel({ pool, logger: logger.child({}, { level: 'warn' }) }, selection, { dryRun: options.dryRun === true, operator: cliOperator() }), options.json),
+      );
+      return;
+    }
+    const id = requireRunId(runId!);
+    await withDatabase(config, async (pool, logger) => {
+      const result = await cancelRun(pool, logger, id);
+      // Remote tasks the run waits on are made due: a running Keel's poller cancels them.
+      if (result.settled) await dueOpenDependenciesOfRun(pool, id);
+      if (result.settled) {
+        process.stdout.write(`run ${id} cancelled\n`);
+        return;
+      }
+      if (result.current === null) throw new CliExit(EXIT.notFound, `run ${id} not found`);
+      throw new CliExit(EXIT.failure, `run ${id} is already ${result.current}; a run that has ended cannot be cancelled`);
     });
+  });
+
+  selectionOptions(
+    runs
+      .command('retry [runId]')
+      .description(
+        'retry a failed statechart run from its last committed state (or --from-state), as a new revision of the same run and task; or every failed run a selection chooses (--dry-run lists where each would start, or why it is refused)',
+      )
+      .option('--from-state <state>', 'start from this state the run passed through (its latest visit) instead of the last one'),
+  ).action(async (runId: string | undefined, options: SelectionOptions & { fromState?: string }) => {
+    const selection = selectionOf(runId, options, 'retry');
+    const config = loadConfigOrExit(globals());
+    await withCommandContext(config, async ({ pool, sealer, queues, logger }) => {
+      // The command prints what it did; the log says only what went wrong (the run's events keep the audit entry).
+      const deps: RecoveryDeps = { pool, sealer, queues, logger: logger.child({}, { level: 'warn' }), definitionOf: configuredDefinitions(config) };
+      if (selection) {
+        printBulk(await bulkRetry(deps, selection, { dryRun: options.dryRun === true, operator: cliOperator(), ...(options.fromState ? { fromState: options.fromState } : {}) }), options.json);
+        return;
+      }
+      const id = requireRunId(runId!);
+      const result = await retryRun(deps, id, cliOperator(), options.fromState);
+      if (result.ok) {
+        if (options.json) process.stdout.write(`${JSON.stringify({ id, retried: true, state: result.state, revision: result.run.revision })}\n`);
+        else process.stdout.write(`run ${id} retried from state ${result.state} (revision ${result.run.revision}); it is queued again\n`);
+        return;
+      }
+      throw new CliExit(result.reason === 'not_found' ? EXIT.notFound : EXIT.failure, result.message);
+    });
+  });
 }

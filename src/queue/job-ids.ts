@@ -12,6 +12,8 @@ export const runJobId = (runId: string, requeues = 0) => (requeues > 0 ? `run-${
  * moment would otherwise be dropped as a duplicate and wait for the sweeper.
  */
 export const handoffJobId = (runId: string, revision: number) => `run-${runId}-h${revision}`;
+/** An operator's retry of a failed run (queued again at `revision`): a wake-up of its own, never the finished job of an earlier stretch. */
+export const retryJobId = (runId: string, revision: number) => `run-${runId}-x${revision}`;
 /** A statechart run's durable timer (waiting_for_timer since `revision`): a delayed job wakes it at its due time. */
 export const timerJobId = (runId: string, revision: number) => `run-${runId}-t${revision}`;
 export const projectionJobId = (runId: string, revision: number) => `proj-${runId}-${revision}`;

@@ -332,12 +332,57 @@ export async function saveMachineProgress(
   return row !== null;
 }
 
-/** The path of a statechart run: one row per committed transition (sql/0017). */
-export async function appendMachineStep(db: Db, runId: string, step: { sequence: number; state: unknown; event: string; machineHash: string }): Promise<void> {
+/** The sealing context of a transition's restore point (sql/0032): the run and the transition's sequence. */
+export const restorePointContext = (runId: string, sequence: number) => ({ table: 'run_machine_steps', column: 'restore_point', rowId: `${runId}/${sequence}` });
+
+/**
+ * The path of a statechart run: one row per committed transition (sql/0017), with the run's durable
+ * state right after it, sealed (its restore point, sql/0032): an operator's retry starts from one.
+ */
+export async function appendMachineStep(
+  db: Db,
+  runId: string,
+  step: { sequence: number; state: unknown; event: string; machineHash: string },
+  restorePoint: { sealer: Sealer; state: unknown } | null = null,
+): Promise<void> {
+  const sealed = restorePoint ? sql.binary(restorePoint.sealer.sealJson(restorePointContext(runId, step.sequence), restorePoint.state)) : null;
   await db.query(sql.unsafe`
-    INSERT INTO run_machine_steps (run_id, sequence, state, event, machine_hash)
-    VALUES (${runId}, ${step.sequence}, ${sql.jsonb(step.state as never)}, ${step.event}, ${step.machineHash})
-    ON CONFLICT (run_id, sequence) DO UPDATE SET state = EXCLUDED.state, event = EXCLUDED.event, machine_hash = EXCLUDED.machine_hash, at = now()`);
+    INSERT INTO run_machine_steps (run_id, sequence, state, event, machine_hash, restore_point)
+    VALUES (${runId}, ${step.sequence}, ${sql.jsonb(step.state as never)}, ${step.event}, ${step.machineHash}, ${sealed})
+    ON CONFLICT (run_id, sequence) DO UPDATE SET state = EXCLUDED.state, event = EXCLUDED.event, machine_hash = EXCLUDED.machine_hash,
+      restore_point = EXCLUDED.restore_point, at = now()`);
+}
+
+const restorePointRow = z.object({ sequence: z.number(), state: z.unknown(), event: z.string(), machine_hash: z.string(), restore_point: z.instanceof(Buffer).nullable() });
+export type RestorePointRow = z.infer<typeof restorePointRow>;
+
+/** A statechart run's committed transitions with their sealed restore points, in order. */
+export async function restorePointsOf(db: Db, runId: string): Promise<readonly RestorePointRow[]> {
+  return db.any(sql.type(restorePointRow)`
+    SELECT sequence, state, event, machine_hash, restore_point FROM run_machine_steps WHERE run_id = ${runId} ORDER BY sequence`);
+}
+
+/**
+ * FAILED → QUEUED by an operator's retry (the run machine's RETRY): same run, same task, a new
+ * revision, restored to `state` (sealed into suspended_state, as a suspension stores it). Guarded
+ * by the status and the revision the retry was planned at, so a second retry (or any other write
+ * since) finds nothing. Everything a settle wrote is cleared; the run is due at once.
+ */
+export async function retryFailedRun(
+  db: Db,
+  sealer: Sealer,
+  runId: string,
+  expectedRevision: number,
+  restored: { state: unknown; machineState: unknown },
+): Promise<RunRow | null> {
+  const sealed = sealer.sealJson(suspendedStateContext(runId), restored.state);
+  return db.maybeOne(sql.type(runRow)`
+    UPDATE runs SET status = ${to('RETRY')}, termination_reason = NULL, truncated = false, error_class = NULL, failure_detail = NULL,
+      settled_at = NULL, claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL, timer_due_at = NULL,
+      suspended_state = ${sql.binary(sealed)}, machine_state = ${sql.jsonb(restored.machineState as never)},
+      available_at = now(), revision = revision + 1, updated_at = now()
+    WHERE id = ${runId} AND status = ANY(${from('RETRY')}) AND revision = ${expectedRevision}
+    RETURNING *`);
 }
 
 /**

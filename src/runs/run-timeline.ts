@@ -79,7 +79,8 @@ function waitLabel(wait: WaitKind, meta: Meta): string {
  *              (model_reply/model_failed, which carry their duration);
  *   - wait     a suspension (input, approval, timer, dependency) until the run resumed or ended;
  *   - retry    a step performed again: a model call's later attempt, a step whose call id was
- *              performed before (after a crash or a lost lease);
+ *              performed before (after a crash or a lost lease); and the time a failed run lay
+ *              failed until an operator retried it;
  *   - requeue  the time between a run's last trace and the claim that counted a requeue (its lease
  *              expired and the reaper put it back).
  * A segment not over yet (the run is in it now) ends at `now` and is `open`.
@@ -109,6 +110,7 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
   let held: { start: number } | null = null;
   let wait: { kind: WaitKind; label: string; start: number } | null = null;
   let requeues = 0;
+  let endedAt: number | null = null;
   let previousAt = run.created_at;
   const calls = new Map<string, { label: string; start: number; retry: boolean }>();
   const performed = new Set<string>();
@@ -178,11 +180,18 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
         add({ kind: attempt > 1 ? 'retry' : 'step', label, start: at - (count(meta.durationMs) ?? 0), end: at });
         break;
       }
+      case 'operator_retried': {
+        // The time the run lay failed, until an operator retried it from a state it had committed.
+        add({ kind: 'retry', label: `retried by ${text(meta.operator) ?? 'an operator'} from state ${text(meta.state) ?? '?'}`, start: endedAt ?? at, end: at });
+        endedAt = null;
+        break;
+      }
       default:
         if (END_EVENTS.has(event.kind)) {
           abandonCalls(at);
           release(at);
           endWait(at);
+          endedAt = at;
         }
     }
     previousAt = at;

@@ -21,6 +21,8 @@ import { stateNodesOf } from '../../machines/step-machine.js';
 export const ANY_STATE = '*';
 /** The event of a nest edge (a compound state entering its initial child) and of a run's first step. */
 export const INIT_EVENT = 'xstate.init';
+/** The event of a run's path row an operator's retry writes: the run stands in that state again (src/runs/run-recovery.ts). */
+export const RETRY_EVENT = 'keel.retry';
 
 export type StateKind = 'atomic' | 'compound' | 'parallel' | 'final' | 'history';
 
@@ -354,6 +356,7 @@ export function runPathOf(graph: DefinitionGraph, steps: readonly PathStep[]): R
   };
   const labelFor = (event: string) => {
     if (event === INIT_EVENT) return 'start';
+    if (event === RETRY_EVENT) return 'retried by an operator';
     return graph.edges.find((edge) => edge.event === event && !edge.nest)?.label ?? labelOf(event, null, '');
   };
 
@@ -364,7 +367,7 @@ export function runPathOf(graph: DefinitionGraph, steps: readonly PathStep[]): R
     const reached = new Set(after);
     if (step.event === INIT_EVENT) {
       if (graph.initial) visit(graph.initial);
-    } else {
+    } else if (step.event !== RETRY_EVENT) {
       const from = new Set([...before, ANY_STATE]);
       const direct = graph.edges.filter((edge) => !edge.nest && edge.event === step.event && from.has(edge.from));
       for (const edge of direct) {

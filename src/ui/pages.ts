@@ -12,6 +12,7 @@ import { formatTime, html, queryString, raw, type Html } from './html.js';
 import { pill } from './layout.js';
 import type { CatalogEntry } from './machine-catalog.js';
 import { maskUrl, pushConfigHref, ROW_SOURCES, runHref, type Cell, type RowList } from './machine-rows.js';
+import { retryForm } from './recovery-pages.js';
 import { runTimelineChart } from './run-timeline-chart.js';
 import { renderSvg, toMermaid } from './statechart.js';
 import type { StepApproval } from './step-approval.js';
@@ -113,7 +114,13 @@ ${rowTable(list)}`}`;
 
 export type RunFilterForm = { status: string; reason: string; agent: string; client: string; from: string; to: string };
 
-export function runsContent(runs: readonly ListedRun[], form: RunFilterForm, choices: { agents: readonly string[]; clients: readonly string[] }, filter: RunFilter): Html {
+export function runsContent(
+  runs: readonly ListedRun[],
+  form: RunFilterForm,
+  choices: { agents: readonly string[]; clients: readonly string[] },
+  filter: RunFilter,
+  recovery: Html = html``,
+): Html {
   const select = (name: keyof RunFilterForm, label: string, values: readonly string[]) =>
     html`<label>${label}<select name="${name}"><option value="">any</option>${values.map((value) => html`<option value="${value}"${form[name] === value ? raw(' selected') : ''}>${value}</option>`)}</select></label>`;
   const last = runs[runs.length - 1];
@@ -128,6 +135,7 @@ export function runsContent(runs: readonly ListedRun[], form: RunFilterForm, cho
   <label>created before (UTC)<input type="datetime-local" name="to" value="${form.to}"></label>
   <button type="submit" class="primary">Filter</button> <a href="/ui/runs">clear</a>
 </form>
+${recovery}
 <p class="muted">${runs.length} run(s)${runs.length === filter.limit ? ', newest first; more below the link' : ''}.</p>
 ${runs.length === 0
     ? html`<p class="muted">No run matches.</p>`
@@ -196,6 +204,8 @@ export type RunPageData = {
   machine?: RunMachineView | null;
   /** What the run did over time, from its committed transitions (run-timeline.ts). */
   timeline?: RunTimeline | null;
+  /** A failed statechart run: the states it passed through, which an operator may retry it from. */
+  passed?: readonly string[];
 };
 
 /**
@@ -250,6 +260,7 @@ export function runContent(data: RunPageData, csrf: string): Html {
   return html`<p><a href="/ui/runs">← Runs</a></p>
 <h1>Run <span class="mono">${run.id}</span></h1>
 ${pendingSection}
+${data.passed ? retryForm(run, data.passed, csrf) : ''}
 <dl class="facts">${facts.map(([key, value]) => html`<dt>${key}</dt><dd>${value}</dd>`)}</dl>
 ${data.machine ? runMachineContent(data.machine, run.agent) : ''}
 <h2>Task</h2>

@@ -12,6 +12,10 @@ import { listRunEvents } from '../runs/run-event-repository.js';
 import { buildRunTimeline } from '../runs/run-timeline.js';
 import { getRun } from '../runs/run-repository.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
+import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../runs/run-recovery.js';
+import type { RunStatus } from '../../machines/run.machine.js';
+import { RETRY_EVENT, stateText } from '../statecharts/definition-graph.js';
+import { bulkPreviewContent, bulkResultContent, retryRefusedContent, selectionForm } from './recovery-pages.js';
 import type { Sealer } from '../sealing/sealer.js';
 import { openRunsInState } from '../statecharts/definition-repository.js';
 import { agentStateRowsContent } from './agent-pages.js';
@@ -136,6 +140,7 @@ const flashes: Record<string, { kind: 'ok' | 'error'; text: string }> = {
   not_found: { kind: 'error', text: 'No such run or config.' },
   unreadable: { kind: 'error', text: 'Not decided: the pending turn cannot be read.' },
   resumed: { kind: 'ok', text: 'Resumed: pending deliveries go out again, in order.' },
+  retried: { kind: 'ok', text: 'Retried: the run is queued again from the state chosen, and its task works on.' },
   not_paused: { kind: 'error', text: 'Not resumed: the config is not paused.' },
   bad_request: { kind: 'error', text: 'The request was incomplete.' },
 };
@@ -148,6 +153,16 @@ function parseUtc(value: unknown): number | undefined {
   if (typeof value !== 'string' || value === '') return undefined;
   const ms = Date.parse(/[zZ]|[+-]\d\d:\d\d$/.test(value) ? value : `${value}Z`);
   return Number.isNaN(ms) ? undefined : ms;
+}
+
+/** The states of a path, each once, in the order of their last visit (the last is where the run was last). */
+function lastVisits(states: readonly string[]): string[] {
+  const order = new Set<string>();
+  for (const state of states) {
+    order.delete(state);
+    order.add(state);
+  }
+  return [...order];
 }
 
 const registeredRoutes = new WeakMap<object, Array<{ method: string; url: string }>>();
@@ -377,7 +392,63 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       limit: LIST_LIMIT,
     };
     const [runs, choices] = await Promise.all([listRunsFiltered(pool, filter), filterChoices(pool)]);
-    return sendPage(request, reply, { title: 'Runs and tasks', nav: 'runs' }, runsContent(runs, form, choices, filter));
+    const selection: RunSelection = {
+      ...(form.agent ? { agent: form.agent } : {}),
+      ...(form.status ? { status: form.status as RunStatus } : {}),
+      ...(form.reason ? { reason: form.reason } : {}),
+    };
+    return sendPage(request, reply, { title: 'Runs and tasks', nav: 'runs' }, runsContent(runs, form, choices, filter, selectionForm(selection, choices.agents)));
+  });
+
+  // Recovery: a failed statechart run retried from a state; many runs cancelled or retried at once,
+  // after a preview (a dry run) that lists what would change.
+  const recovery: RecoveryDeps = { pool, sealer, queues, logger: log, definitionOf: async (agent) => deps.registry?.agents.get(agent)?.statechart ?? null };
+  const operatorOf = (request: FastifyRequest): Operator => ({ name: sessions.get(request)!.tokenName, via: 'ui' });
+  const selectionFrom = (source: Record<string, unknown>): RunSelection => {
+    const text = (key: string) => (typeof source[key] === 'string' ? (source[key] as string).trim() : '');
+    return {
+      ...(text('agent') ? { agent: text('agent') } : {}),
+      ...(text('status') ? { status: text('status') as RunStatus } : {}),
+      ...(text('state') ? { state: text('state') } : {}),
+      ...(text('reason') ? { reason: text('reason') } : {}),
+    };
+  };
+  const bulk = async (request: FastifyRequest, source: Record<string, unknown>, dryRun: boolean, only?: ReadonlySet<string>): Promise<BulkReport | { problem: string }> => {
+    const action = source.action;
+    if (action !== 'cancel' && action !== 'retry') return { problem: 'Choose to cancel or to retry.' };
+    const selection = selectionFrom(source);
+    const problem = selectionProblem(selection);
+    if (problem) return { problem: `${problem[0]!.toUpperCase()}${problem.slice(1)}.` };
+    const options = { dryRun, operator: operatorOf(request), ...(only ? { only } : {}) };
+    return action === 'cancel' ? bulkCancel(recovery, selection, options) : bulkRetry(recovery, selection, options);
+  };
+  const problemPage = (request: FastifyRequest, reply: FastifyReply, problem: string) =>
+    sendPage(request, reply, { title: 'Runs not chosen', nav: 'runs' }, html`<p><a href="/ui/runs">← Runs</a></p><h1>Runs not chosen</h1><div class="flash error" role="alert" id="bulk-problem">${problem}</div>`, 400);
+
+  scope.get('/runs/recover', async (request, reply) => {
+    const report = await bulk(request, request.query as Record<string, unknown>, true);
+    if ('problem' in report) return problemPage(request, reply, report.problem);
+    return sendPage(request, reply, { title: `${report.action === 'cancel' ? 'Cancel' : 'Retry'} runs: preview`, nav: 'runs' }, bulkPreviewContent(report, sessions.get(request)!.csrf));
+  });
+
+  scope.post('/runs/recover', async (request, reply) => {
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const ids = typeof body.ids === 'string' ? body.ids.split(',').map((id) => id.trim().toLowerCase()).filter(isUuid) : [];
+    if (ids.length === 0) return problemPage(request, reply, 'The confirmation names no run: preview the operation again.');
+    const report = await bulk(request, body, false, new Set(ids));
+    if ('problem' in report) return problemPage(request, reply, report.problem);
+    return sendPage(request, reply, { title: report.action === 'cancel' ? 'Cancelled runs' : 'Retried runs', nav: 'runs' }, bulkResultContent(report));
+  });
+
+  scope.post<{ Params: { id: string } }>('/runs/:id/retry', async (request, reply) => {
+    const id = request.params.id.toLowerCase();
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const state = typeof body.state === 'string' && body.state.trim() !== '' ? body.state.trim() : undefined;
+    if (!isUuid(id)) return reply.redirect('/ui/runs?flash=not_found', 303);
+    const result = await retryRun(recovery, id, operatorOf(request), state);
+    if (result.ok) return reply.redirect(`/ui/runs/${id}?flash=retried`, 303);
+    if (result.reason === 'not_found') return reply.redirect('/ui/runs?flash=not_found', 303);
+    return sendPage(request, reply, { title: 'Not retried', nav: 'runs' }, retryRefusedContent(id, result.message), 409);
   });
 
   scope.get<{ Params: { id: string } }>('/runs/:id', async (request, reply) => {
@@ -397,6 +468,8 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       machineStepsOf(pool, run.id),
     ]);
     const timeline = buildRunTimeline(run, events, machineSteps, Date.now());
+    // A failed statechart run may be retried from a state it passed through (the retry checks which).
+    const passed = run.status === 'failed' && run.machine_hash ? lastVisits(machineSteps.filter((step) => step.event !== RETRY_EVENT).map((step) => stateText(step.state))) : undefined;
     let pending: PendingView | null = null;
     if (run.status === 'waiting_for_approval' || run.status === 'waiting_for_input') {
       const read = await readSuspendedRun(pool, sealer, run.id, run.status);
@@ -413,7 +486,7 @@ export async function operatorUiPlugin(scope: FastifyInstance, deps: OperatorUiD
       request,
       reply,
       { title: `Run ${run.id}`, nav: 'runs', liveUrl: `/ui/api/runs/${run.id}/version`, liveVersion: version },
-      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending, machine, timeline }, session.csrf),
+      runContent({ run, client: task?.client ?? null, task, taskRuns, journal, events, deliveries, pending, machine, timeline, ...(passed ? { passed } : {}) }, session.csrf),
     );
   });
 

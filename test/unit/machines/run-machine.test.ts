@@ -20,9 +20,17 @@ describe('run machine', () => {
     expect(() => allowedFrom(runMachine, 'NOPE')).toThrow();
   });
 
-  it('never leaves a final state', () => {
+  it('never leaves a final state but by an operator\'s guarded retry of a failed run', () => {
     const terminal = new Set<string>(TERMINAL_RUN_STATUSES);
-    expect(machineEdges(runMachine).filter((edge) => terminal.has(edge.from))).toEqual([]);
+    expect(machineEdges(runMachine).filter((edge) => terminal.has(edge.from))).toEqual([{ from: 'failed', event: 'RETRY', to: 'queued', guarded: true }]);
+    expect(allowedFrom(runMachine, 'RETRY')).toEqual(['failed']);
+  });
+
+  it('retries a failed run only from a committed state of its machine', () => {
+    const guard = runMachine.implementations.guards.fromCommittedState as (args: { event: unknown }) => boolean;
+    expect(runMachine.root.states.failed!.on.RETRY![0]!.guard).toBe('fromCommittedState');
+    expect(guard({ event: { type: 'RETRY', machineState: null } })).toBe(false);
+    expect(guard({ event: { type: 'RETRY', machineState: 'notifying' } })).toBe(true);
   });
 
   it('guards termination reasons by status', () => {
