@@ -76,6 +76,19 @@ function tickStep(total: number): number {
 
 const fixed = (value: number) => Number(value.toFixed(2));
 
+/** An axis label: whole milliseconds (or seconds) when the step allows. */
+function tickLabel(ms: number, step: number): string {
+  if (step >= 1000) return `${Number((ms / 1000).toFixed(3))} s`;
+  if (step >= 1) return `${Math.round(ms)} ms`;
+  return `${Number(ms.toFixed(3))} ms`;
+}
+
+const KIND_LEGEND: Array<[number, string]> = [
+  [2, 'server'],
+  [1, 'internal'],
+  [3, 'client'],
+];
+
 export function renderWaterfallSvg(spans: readonly WaterfallSpan[], options: WaterfallOptions = {}): string {
   const width = options.width ?? 1100;
   const rows = waterfallRows(spans);
@@ -97,11 +110,16 @@ export function renderWaterfallSvg(spans: readonly WaterfallSpan[], options: Wat
     return out.join('\n') + '\n';
   }
   out.push(`<text x="12" y="${TOP - 10}" fill="#666">${escapeXml(`${rows.length} spans, ${formatDuration(end - start)}`)}</text>`);
+  KIND_LEGEND.forEach(([kind, label], index) => {
+    const legendX = width - RIGHT_MARGIN - 270 + index * 90;
+    out.push(`<rect x="${legendX}" y="12" width="10" height="10" rx="2" fill="${KIND_COLOURS[kind]}"/>`, `<text x="${legendX + 14}" y="21" fill="#666" font-size="11">${label}</text>`);
+  });
   const step = tickStep(total);
-  for (let tick = 0; tick <= total + 1e-9; tick += step) {
+  for (let index = 0; index * step <= total + 1e-9; index += 1) {
+    const tick = index * step;
     const tickX = x(start + tick);
     out.push(`<line x1="${tickX}" y1="${TOP - 6}" x2="${tickX}" y2="${height - BOTTOM}" stroke="#e4e4e4"/>`);
-    out.push(`<text x="${tickX}" y="${TOP - 10}" text-anchor="middle" fill="#888" font-size="10">${escapeXml(formatDuration(tick))}</text>`);
+    out.push(`<text x="${tickX}" y="${TOP - 10}" text-anchor="middle" fill="#888" font-size="10">${escapeXml(tickLabel(tick, step))}</text>`);
   }
   rows.forEach(({ span, depth }, index) => {
     const top = TOP + index * ROW_HEIGHT;

@@ -46,7 +46,9 @@ describe('renderWaterfallSvg', () => {
       [496.4, 50.4, '#6c8ebf'],
       [824, 126, '#7aa360'],
     ]);
-    expect(svg).toContain('>100 ms</text>');
+    // An axis in round steps, and the colours' legend.
+    expect([...svg.matchAll(/font-size="10">([^<]+)<\/text>/g)].map((match) => match[1])).toEqual(['0 ms', '50 ms', '100 ms', '150 ms', '200 ms', '250 ms']);
+    expect(svg).toContain('>server</text>');
     // Rows are indented by depth.
     expect(svg).toMatch(/<text x="40" y="\d+" fill="#222"><title>chat echo<\/title>chat echo<\/text>/);
   });
