@@ -105,7 +105,7 @@ export type OtlpReceiver = {
   /** The base endpoint (as OTEL_EXPORTER_OTLP_ENDPOINT): spans are POSTed to `${url}/v1/traces`. */
   url: string;
   spans: ReceivedSpan[];
-  /** Every request received: path, content type and the headers' names and values. */
+  /** Every request received: path, content type and the headers' names and values (protobuf bodies are only counted here). */
   requests: Array<{ path: string; contentType: string; headers: Record<string, string | string[] | undefined> }>;
   /** Resolves with the spans received once `done` holds for them; rejects after timeoutMs. */
   waitFor: (done: (spans: ReceivedSpan[]) => boolean, timeoutMs?: number) => Promise<ReceivedSpan[]>;
@@ -123,8 +123,17 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
     request.on('end', () => {
       const contentType = String(request.headers['content-type'] ?? '');
       requests.push({ path: request.url ?? '', contentType, headers: request.headers });
-      if (request.method !== 'POST' || request.url !== '/v1/traces' || !contentType.startsWith('application/json')) {
-        response.writeHead(request.url === '/v1/traces' ? 415 : 404).end();
+      if (request.method !== 'POST' || request.url !== '/v1/traces') {
+        response.writeHead(404).end();
+        return;
+      }
+      if (contentType.startsWith('application/x-protobuf')) {
+        // Received and counted (requests), not decoded: an empty ExportTraceServiceResponse.
+        response.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+        return;
+      }
+      if (!contentType.startsWith('application/json')) {
+        response.writeHead(415).end();
         return;
       }
       try {

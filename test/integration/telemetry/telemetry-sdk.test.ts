@@ -92,6 +92,15 @@ describe('the SDK wired by src/telemetry/', () => {
     expect(collector.requests[0]!.headers['x-collector-key']).toBe('k one');
   });
 
+  it('sends OTLP protobuf by default', async () => {
+    const collector = await receiver();
+    const telemetry = await wire({ endpoint: collector.url });
+    trace.getTracer('keel').startSpan('one').end();
+    await telemetry.shutdown();
+    expect(collector.requests).toHaveLength(1);
+    expect(collector.requests[0]).toMatchObject({ path: '/v1/traces', contentType: 'application/x-protobuf' });
+  });
+
   it('names the service from telemetry.serviceName, then OTEL_SERVICE_NAME', async () => {
     const collector = await receiver();
     const telemetry = await wire({ tracesEndpoint: `${collector.url}/v1/traces`, protocol: 'http/json' }, { OTEL_SERVICE_NAME: 'keel-eu', OTEL_RESOURCE_ATTRIBUTES: 'service.name=from-attributes' });
