@@ -11,10 +11,10 @@ import { deleteQueueKeys, testQueueKind } from '../test/support/test-queues.js';
 
 // npm run trace:picture — the picture of one task's trace in docs/observability.md, with no
 // external service: a Keel in this process exports over OTLP/HTTP (JSON) to a receiver in this
-// process; one blocking SendMessage goes to an agent that calls a tool once, then answers; Keel
-// stops (its graceful shutdown flushes the spans); the spans of the task's trace, and those linked
-// to it (a group-commit batch is a trace of its own, linking each task it carried), are drawn as
-// a waterfall into docs/images/task-trace.svg.
+// process; after one task to warm it up, one blocking SendMessage goes to an agent that calls a
+// tool once, then answers; Keel stops (its graceful shutdown flushes the spans); the spans of the
+// task's trace, and those linked to it (a group-commit batch is a trace of its own, linking each
+// task it carried), are drawn as a waterfall into docs/images/task-trace.svg.
 //
 // Needs the services the tests use: Postgres at 127.0.0.1:5432 (KEEL_TEST_ADMIN_URL) and, with
 // KEEL_TEST_QUEUE=redis, Redis. TRACE_PICTURE_OUT writes the picture elsewhere.
@@ -55,6 +55,9 @@ async function main(): Promise<number> {
     const created = await createClient(keel.context.pool, 'trace-picture');
     if (!created.ok) throw new Error(`cannot create a client: ${created.reason}`);
     const client = await sdkClient(keel.url, 'planner', created.token);
+    // A first task warms the process up (modules loaded, code compiled, connections open); its
+    // trace is not drawn.
+    await client.sendMessage(textMessage('Where is order 41?'));
     const task = Task.toJSON((await client.sendMessage(textMessage('Where is order 42?'))) as Task) as { id: string; status: { state: string } };
     taskId = task.id;
     process.stdout.write(`task ${taskId}: ${task.status.state}\n`);

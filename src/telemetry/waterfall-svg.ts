@@ -22,7 +22,7 @@ export type WaterfallRow = { span: WaterfallSpan; depth: number };
 
 const ROW_HEIGHT = 24;
 const LABEL_WIDTH = 320;
-const TOP = 56;
+const TOP = 72;
 const BOTTOM = 16;
 const RIGHT_MARGIN = 150;
 const INDENT = 14;
@@ -109,10 +109,10 @@ export function renderWaterfallSvg(spans: readonly WaterfallSpan[], options: Wat
     out.push(`<text x="12" y="${TOP + 16}" fill="#666">no spans</text>`, '</svg>');
     return out.join('\n') + '\n';
   }
-  out.push(`<text x="12" y="${TOP - 10}" fill="#666">${escapeXml(`${rows.length} spans, ${formatDuration(end - start)}`)}</text>`);
+  out.push(`<text x="12" y="42" fill="#666">${escapeXml(`${rows.length} spans, ${formatDuration(end - start)}`)}</text>`);
   KIND_LEGEND.forEach(([kind, label], index) => {
-    const legendX = width - RIGHT_MARGIN - 270 + index * 90;
-    out.push(`<rect x="${legendX}" y="12" width="10" height="10" rx="2" fill="${KIND_COLOURS[kind]}"/>`, `<text x="${legendX + 14}" y="21" fill="#666" font-size="11">${label}</text>`);
+    const legendX = chartLeft + index * 90;
+    out.push(`<rect x="${legendX}" y="33" width="10" height="10" rx="2" fill="${KIND_COLOURS[kind]}"/>`, `<text x="${legendX + 14}" y="42" fill="#666" font-size="11">${label}</text>`);
   });
   const step = tickStep(total);
   for (let index = 0; index * step <= total + 1e-9; index += 1) {
