@@ -438,9 +438,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);
       await fetch.close().catch(() => undefined);
-      await database.close();
-      // The spans of everything above, flushed within telemetry.shutdownTimeoutMs.
-      await tracing.shutdown();
+      try {
+        await database.close();
+      } finally {
+        // The spans of everything above, flushed within telemetry.shutdownTimeoutMs.
+        await tracing.shutdown();
+      }
     })();
     return stopping;
   };
