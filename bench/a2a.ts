@@ -91,6 +91,11 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres, or both: "redis,postgres" (redis;
 //                          Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379; the knobs every Keel
 //                          bench reads are in bench/keel-harness.ts)
+//   BENCH_TRACING          off | sdk, or both: "off,sdk" (off): Keel without the OpenTelemetry SDK,
+//                          or with it (OTEL_EXPORTER_OTLP_ENDPOINT set: a BatchSpanProcessor
+//                          exporting OTLP/HTTP protobuf to a local sink process that reads each
+//                          request and discards it). Both: every Keel target twice in one run, and a
+//                          `tracing cost` line per pair: tasks/s with the SDK ÷ without, p50, p99
 //   BENCH_KEEL_AUTH        token | none (token): under token one client is created once per Keel run
 //                          (`keel clients add bench`) and every process of it accepts its token
 //   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel children (warn)
@@ -153,6 +158,7 @@ type Mode = 'blocking' | 'streaming';
 type Topology = 'single' | 'split';
 type QueueKind = 'redis' | 'postgres';
 type KeelRole = 'all' | 'api' | 'worker';
+type Tracing = 'off' | 'sdk';
 
 type Measurement = {
   round: number;
@@ -221,6 +227,8 @@ type TargetResult = {
   /** '1 process', 'single', 'split'. */
   topology: string;
   queue: QueueKind | null;
+  /** Keel: without the OpenTelemetry SDK, or with it exporting to the local sink (BENCH_TRACING). */
+  tracing?: Tracing;
   unavailable?: string;
   measurements: Measurement[];
   databaseWork?: DatabaseWork;
@@ -255,6 +263,7 @@ const modes = knobs.choices<Mode>('BENCH_MODE', 'blocking', ['blocking', 'stream
 const targetKinds = knobs.choices<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
 const topologies = knobs.choices<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
 const keelQueues = knobs.choices<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
+const tracingModes = knobs.choices<Tracing>('BENCH_TRACING', 'off', ['off', 'sdk']);
 const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', ['token', 'none']);
 const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
@@ -1104,7 +1113,30 @@ type KeelNode = { role: KeelRole; port: number; origin: string; child: ManagedCh
  * (KEEL_MASTER_KEY), data directory, queue backend and prefix, and a port of its own
  * (KEEL_SERVER_PORT; a worker listens too, for /healthz, /readyz and /metrics).
  */
-async function benchKeel(result: TargetResult, topology: Topology, queue: QueueKind): Promise<void> {
+/**
+ * The collector of BENCH_TRACING=sdk, in a process of its own: answers every OTLP/HTTP export with
+ * an empty ExportTraceServiceResponse once it has read the body, and counts what it received
+ * (GET /stats).
+ */
+const OTLP_SINK_SOURCE = `
+const http = require('node:http');
+let requests = 0, bytes = 0;
+http.createServer((request, response) => {
+  if (request.method === 'GET') { response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ requests, bytes })); return; }
+  request.on('data', (chunk) => { bytes += chunk.length; });
+  request.on('end', () => { requests += 1; response.writeHead(200, { 'content-type': 'application/x-protobuf' }).end(); });
+}).listen(Number(process.argv[1]), '127.0.0.1');
+`;
+
+async function startOtlpSink(): Promise<{ child: ManagedChild; origin: string }> {
+  const port = await freePort();
+  const child = new ManagedChild('OTLP sink', process.execPath, ['-e', OTLP_SINK_SOURCE, String(port)]);
+  const origin = `http://127.0.0.1:${port}`;
+  await waitUntilReady(child, `${origin}/stats`, 10_000);
+  return { child, origin };
+}
+
+async function benchKeel(result: TargetResult, topology: Topology, queue: QueueKind, tracing: Tracing): Promise<void> {
   await withTrackedDatabase(async (databaseUrl) => {
     const dataDir = mkdtempSync(join(tmpdir(), 'keel-bench-a2a-'));
     guard({ kind: 'dir', path: dataDir });
@@ -1127,6 +1159,10 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     delete env.KEEL_QUEUE_REDIS_URL;
     delete env.KEEL_SECURITY_MASTER_KEY_FILE;
     if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
+    // Tracing is what BENCH_TRACING says, whatever OTEL_* or KEEL_TELEMETRY_* the bench was started with.
+    for (const name of Object.keys(env)) if (name.startsWith('OTEL_') || name.startsWith('KEEL_TELEMETRY_')) delete env[name];
+    const sink = tracing === 'sdk' ? await startOtlpSink() : null;
+    if (sink) env.OTEL_EXPORTER_OTLP_ENDPOINT = sink.origin;
 
     const roles: KeelRole[] = topology === 'single' ? ['all'] : ['api', 'api', 'worker', 'worker'];
     const nodes: KeelNode[] = [];
@@ -1217,6 +1253,12 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     } finally {
       // All at once: the APIs' blocking waits are over (the load has drained), the workers drain their own.
       await Promise.all(nodes.map((node) => node.child.stop(15_000)));
+      if (sink) {
+        // After the Keels' graceful shutdown: their last spans are flushed.
+        const stats = (await fetch(`${sink.origin}/stats`).then((response) => response.json(), () => null)) as { requests: number; bytes: number } | null;
+        if (stats) result.notes.push(`round ${currentRound}: the OTLP sink received ${stats.requests} export requests, ${fmt(stats.bytes / 1024 / 1024, 1)} MiB of spans`);
+        await sink.child.stop(5_000);
+      }
       if (queue === 'redis') await dropRedisKeys(queuePrefix);
       rmSync(dataDir, { recursive: true, force: true });
       unguard({ kind: 'dir', path: dataDir });
@@ -1281,8 +1323,12 @@ function plan(): TargetPlan[] {
     if (targetKinds.includes('keel')) {
       for (const queue of keelQueues) {
         for (const topology of topologies) {
-          const result = make(`keel-${topology}-${queue}`, 'keel', 'Keel', topology, queue);
-          plans.push({ result, run: () => benchKeel(result, topology, queue) });
+          for (const tracing of tracingModes) {
+            const traced = tracing === 'sdk';
+            const result = make(`keel-${topology}-${queue}${traced ? '-otel' : ''}`, 'keel', traced ? 'Keel+OTel' : 'Keel', topology, queue);
+            result.tracing = tracing;
+            plans.push({ result, run: () => benchKeel(result, topology, queue, tracing) });
+          }
         }
       }
     }
@@ -1291,7 +1337,7 @@ function plan(): TargetPlan[] {
 }
 
 function rowLabel(result: TargetResult): string {
-  const label = result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue)` : result.target;
+  const label = result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue${result.tracing === 'sdk' ? ', OTel SDK' : ''})` : result.target;
   return result.mode === 'blocking' ? label : `${label}, ${result.mode}`;
 }
 
@@ -1536,6 +1582,51 @@ function blockingSection(results: TargetResult[], postgres: PostgresInfo): strin
     lines.push('  (BEGIN, COMMIT, queue polling and sweeps too; tracked in Keel\'s database only), the SDK store\'s from its own counter');
   }
   lines.push(...cpuLines(all));
+  lines.push(...tracingLines(tracingCosts(results)));
+  return lines;
+}
+
+type TracingCost = {
+  topology: string;
+  queue: QueueKind | null;
+  concurrency: number;
+  /** Tasks/s with the SDK ÷ without, of the medians; and round by round. */
+  ratio: number;
+  roundRatios: number[];
+  off: Summary;
+  sdk: Summary;
+};
+
+/** BENCH_TRACING=off,sdk: each Keel target with the SDK against the same target without it, in this run. */
+function tracingCosts(results: TargetResult[]): TracingCost[] {
+  const costs: TracingCost[] = [];
+  for (const traced of results.filter((result) => result.kind === 'keel' && result.tracing === 'sdk')) {
+    const plain = results.find((result) => result.kind === 'keel' && result.mode === traced.mode && result.tracing !== 'sdk' && result.topology === traced.topology && result.queue === traced.queue);
+    if (!plain) continue;
+    for (const concurrency of concurrencies) {
+      const sdk = summarize(traced, concurrency);
+      const off = summarize(plain, concurrency);
+      if (!sdk || !off || off.tasksPerSecond <= 0) continue;
+      const roundRatios = traced.measurements.flatMap((m) => {
+        const base = plain.measurements.find((other) => other.concurrency === concurrency && other.round === m.round);
+        return m.concurrency === concurrency && base && base.tasksPerSecond > 0 ? [m.tasksPerSecond / base.tasksPerSecond] : [];
+      });
+      costs.push({ topology: traced.topology, queue: traced.queue, concurrency, ratio: sdk.tasksPerSecond / off.tasksPerSecond, roundRatios, off, sdk });
+    }
+  }
+  return costs;
+}
+
+function tracingLines(costs: TracingCost[]): string[] {
+  if (costs.length === 0) return [];
+  const lines = ['tracing cost (BENCH_TRACING=off,sdk): Keel with the OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf to a local sink that discards) ÷ Keel without it, same run:'];
+  for (const cost of costs) {
+    const rounds = cost.roundRatios.length > 1 ? `; round by round ${cost.roundRatios.map((value) => `${fmt(value, 2)}×`).join(', ')} (median ${fmt(median(cost.roundRatios), 2)}×)` : '';
+    lines.push(
+      `  ${cost.concurrency}  ${cost.topology}${cost.queue ? ` (${cost.queue} queue)` : ''}: ${fmt(cost.sdk.tasksPerSecond)} ÷ ${fmt(cost.off.tasksPerSecond)} tasks/s = ${fmt(cost.ratio, 2)}× ` +
+        `(${fmt((cost.ratio - 1) * 100, 1)} %); p50 ${ms(cost.sdk.p50)} against ${ms(cost.off.p50)} ms, p99 ${ms(cost.sdk.p99)} against ${ms(cost.off.p99)} ms${rounds}`,
+    );
+  }
   return lines;
 }
 
@@ -1738,10 +1829,25 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
       sdkPoolSize,
       cpu: cpuEnabled,
       ...(modes.includes('streaming') ? { modes } : {}),
+      ...(tracingModes.includes('sdk') ? { tracing: tracingModes } : {}),
       ...(keelNodeArgs.length > 0 ? { keelNodeArgs } : {}),
       ...(logStatements ? { logStatements } : {}),
     },
     rows: rows(results.filter((result) => result.mode === 'blocking')).map(rowJson),
+    ...(tracingModes.length > 1
+      ? {
+          tracingCost: tracingCosts(results.filter((result) => result.mode === 'blocking')).map((cost) => ({
+            topology: cost.topology,
+            queue: cost.queue,
+            concurrency: cost.concurrency,
+            ratio: round3(cost.ratio),
+            roundRatios: cost.roundRatios.map(round3),
+            tasksPerSecond: { off: round2(cost.off.tasksPerSecond), sdk: round2(cost.sdk.tasksPerSecond) },
+            p50Ms: { off: round2(cost.off.p50), sdk: round2(cost.sdk.p50) },
+            p99Ms: { off: round2(cost.off.p99), sdk: round2(cost.sdk.p99) },
+          })),
+        }
+      : {}),
     ...(modes.includes('streaming') ? { streamingRows: rows(results.filter((result) => result.mode === 'streaming')).map(rowJson) } : {}),
     targets: results.map((result) => ({
       id: result.id,
@@ -1749,6 +1855,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
       target: result.target,
       topology: result.topology,
       queue: result.queue,
+      ...(result.tracing === 'sdk' ? { tracing: result.tracing } : {}),
       ...(result.unavailable ? { unavailable: result.unavailable } : {}),
       ...(result.notes.length > 0 ? { notes: result.notes } : {}),
       ...(result.databaseWork

@@ -1,9 +1,10 @@
 import type { Command } from 'commander';
 import { createLogger } from '../log/logger.js';
 import { startKeel } from '../runtime/start-keel.js';
+import { telemetryWanted } from '../telemetry/telemetry-settings.js';
 import { CliExit, EXIT, loadConfigOrExit, type GlobalOptions, type HarnessStartOptions } from './cli-support.js';
 
-const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, 'card signing': EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
+const STAGE_EXIT: Record<string, number> = { agents: EXIT.config, telemetry: EXIT.config, 'card signing': EXIT.config, database: EXIT.database, migrate: EXIT.database, 'master key': EXIT.masterKey, queue: EXIT.queue };
 
 export function registerStartCommand(program: Command, globals: () => GlobalOptions, harness: HarnessStartOptions = {}): void {
   program
@@ -13,7 +14,8 @@ export function registerStartCommand(program: Command, globals: () => GlobalOpti
     .action(async (options: { role: string }) => {
       if (!['all', 'api', 'worker'].includes(options.role)) throw new CliExit(EXIT.usage, '--role must be all, api or worker');
       const config = loadConfigOrExit(globals());
-      const logger = createLogger();
+      // Log lines carry trace_id and span_id when traces are exported (nothing is added otherwise).
+      const logger = createLogger({}, process.stdout.isTTY, { traceContext: telemetryWanted(config.telemetry, process.env) });
       const startedAt = Date.now();
       const result = await startKeel(config, logger, { role: options.role as 'all' | 'api' | 'worker', ...harness });
       if (!result.ok) throw new CliExit(STAGE_EXIT[result.stage] ?? EXIT.failure, `start failed (${result.stage}): ${result.message}`);

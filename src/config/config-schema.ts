@@ -398,6 +398,38 @@ const metricsSchema = z
   })
   .strict();
 
+// OpenTelemetry traces (docs/observability.md, "Traces"; decision 0084): the SDK is wired at start
+// when this section or the OTEL_* variables name a collector, and not even loaded otherwise. The
+// OTEL_* variables fill what this section leaves out; OTEL_SDK_DISABLED=true turns it off.
+const otlpUrl = z
+  .string()
+  .url('expected an http:// or https:// URL')
+  .regex(/^https?:\/\//i, 'expected an http:// or https:// URL');
+const telemetrySchema = z
+  .object({
+    /** true: on (the default collector http://localhost:4318 when no endpoint is named); false: off; absent: on when an endpoint is named here or in OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. */
+    enabled: z.boolean().optional(),
+    /** The collector's OTLP/HTTP base URL; spans go to <endpoint>/v1/traces (as OTEL_EXPORTER_OTLP_ENDPOINT). */
+    endpoint: otlpUrl.optional(),
+    /** The exact URL spans are POSTed to (as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); wins over endpoint. */
+    tracesEndpoint: otlpUrl.optional(),
+    /** http/protobuf (the default) or http/json. */
+    protocol: z.enum(['http/protobuf', 'http/json']).optional(),
+    /** The resource's service.name; by default OTEL_SERVICE_NAME, else `keel`. */
+    serviceName: z.string().min(1).max(256).optional(),
+    /** More resource attributes (added to OTEL_RESOURCE_ATTRIBUTES, winning over it). */
+    resourceAttributes: z.record(z.string().min(1), z.string()).optional(),
+    /** As OTEL_TRACES_SAMPLER; by default parentbased_always_on. */
+    sampler: z.enum(['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio']).optional(),
+    /** The ratio of the traceidratio samplers, 0 to 1 (as OTEL_TRACES_SAMPLER_ARG). */
+    samplerRatio: z.number().min(0).max(1).optional(),
+    /** How long one export request may take. */
+    exportTimeoutMs: z.number().int().min(100).max(120_000).default(10_000),
+    /** At Keel's graceful shutdown, spans still buffered are flushed within this bound, then dropped. */
+    shutdownTimeoutMs: z.number().int().min(0).max(60_000).default(5_000),
+  })
+  .strict();
+
 const maintenanceSchema = z
   .object({
     sweepSeconds: z.number().positive().max(3600).default(15),
@@ -452,6 +484,7 @@ export const configSchema = z
     maintenance: maintenanceSchema.default({}),
     inbox: inboxSchema.default({}),
     metrics: metricsSchema.default({}),
+    telemetry: telemetrySchema.default({}),
     remoteAgents: z.array(remoteAgentSchema).default([]),
   })
   .strict();

@@ -1,4 +1,6 @@
-import { pino, type Logger, type LoggerOptions } from 'pino';
+import { isSpanContextValid, trace } from '@opentelemetry/api';
+import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 import pretty, { type PrettyOptions } from 'pino-pretty';
 
 export type KeelLogger = Logger<'notice'>;
@@ -26,10 +28,30 @@ export function logOutputFor(isTTY: boolean | undefined): LogOutput {
   };
 }
 
+/**
+ * The active span's ids, for a log line written inside it (`trace_id`, `span_id`, as the
+ * OpenTelemetry log data model names them); nothing outside a span or when no SDK is wired.
+ */
+export function traceLogFields(): Record<string, string> {
+  if (!tracingEnabled()) return {};
+  const span = trace.getActiveSpan();
+  if (span === undefined) return {};
+  const ids = span.spanContext();
+  return isSpanContextValid(ids) ? { trace_id: ids.traceId, span_id: ids.spanId } : {};
+}
+
+export type LoggerExtras = {
+  /** Add the active span's trace_id and span_id to each line (only a process that exports traces asks: the others pay nothing). */
+  traceContext?: boolean;
+  /** Where JSON lines go instead of stdout (a test reading them). */
+  destination?: DestinationStream;
+};
+
 // `notice` sits between info and warn: expected but noteworthy events, such as a late settle that
 // the guarded write refused.
-export function createLogger(options: LoggerOptions<'notice'> = {}, isTTY: boolean | undefined = process.stdout.isTTY): KeelLogger {
+export function createLogger(options: LoggerOptions<'notice'> = {}, isTTY: boolean | undefined = process.stdout.isTTY, extras: LoggerExtras = {}): KeelLogger {
   const settings: LoggerOptions<'notice'> = {
+    ...(extras.traceContext === true ? { mixin: traceLogFields } : {}),
     level: process.env.KEEL_LOG_LEVEL ?? 'info',
     customLevels: { notice: 35 },
     base: { service: 'keel' },
@@ -40,6 +62,7 @@ export function createLogger(options: LoggerOptions<'notice'> = {}, isTTY: boole
     ...options,
   };
   const output = logOutputFor(isTTY);
+  if (extras.destination) return pino<'notice'>(settings, extras.destination);
   return output.format === 'pretty' ? pino<'notice'>(settings, pretty(output.options)) : pino<'notice'>(settings);
 }
 

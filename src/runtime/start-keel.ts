@@ -54,6 +54,7 @@ import { runSlotMetrics } from '../metrics/run-slot-metrics.js';
 import type { KeelContext } from '../context/keel-context.js';
 import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
+import { startTelemetry } from '../telemetry/start-telemetry.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
 const CLAIM_COALESCE_MS = 40;
@@ -129,13 +130,26 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     await fetch.close();
     return { ok: false, stage: 'card signing', message: cardKeys.problems.join('\n') };
   }
+  // Traces (docs/observability.md, "Traces"): the SDK is wired now, when configured, so that every
+  // span of this process goes to the collector; it is the last thing stopped.
+  const instanceId = `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
+  const telemetry = await startTelemetry(config.telemetry, env, { role, instanceId }, logger);
+  if (!telemetry.ok) {
+    await fetch.close();
+    return { ok: false, stage: 'telemetry', message: telemetry.message };
+  }
+  const tracing = telemetry.telemetry;
   for (const name of unretainableAgents(registry)) {
     logger.warn({ agent: name }, 'agent keeps no result under the privacy policy (answer level metadata or none): A2A requests to it are refused with RESULT_NOT_RETAINABLE');
   }
   const opened = await openDatabase(config, logger, 'server', { applicationName: 'keel', maximumPoolSize: config.database.maxConnections });
-  if (!opened.ok) return { ok: false, stage: 'database', message: opened.message };
+  if (!opened.ok) {
+    await fetch.close();
+    await tracing.shutdown();
+    return { ok: false, stage: 'database', message: opened.message };
+  }
   const database: DatabaseHandle = opened.database;
-  const cleanup: Array<() => Promise<void>> = [() => fetch.close(), () => database.close()];
+  const cleanup: Array<() => Promise<void>> = [() => tracing.shutdown(), () => fetch.close(), () => database.close()];
   const fail = async (stage: string, message: string): Promise<StartResult> => {
     for (const step of cleanup.reverse()) await step().catch(() => undefined);
     return { ok: false, stage, message };
@@ -167,7 +181,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     queues,
     sealer: sealing.sealer,
     logger,
-    workerId: `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`,
+    workerId: instanceId,
   };
 
   const remotes = new RemoteAgents(config.remoteAgents, { fetch, pool: database.pool, sealer: sealing.sealer, logger, env, cardTrust: cardKeys.remoteTrust });
@@ -424,7 +438,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);
       await fetch.close().catch(() => undefined);
-      await database.close();
+      try {
+        await database.close();
+      } finally {
+        // The spans of everything above, flushed within telemetry.shutdownTimeoutMs.
+        await tracing.shutdown();
+      }
     })();
     return stopping;
   };
