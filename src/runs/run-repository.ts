@@ -601,3 +601,9 @@ export async function listRuns(db: Db, filter: ListRunsFilter): Promise<readonly
     SELECT * FROM runs WHERE ${sql.join(conditions, sql.fragment` AND `)}
     ORDER BY created_at DESC, id DESC LIMIT ${filter.limit}`);
 }
+
+/** The stored trace of a task's run (a task's id is its run's), for the spans of work done for the task outside the run (push deliveries). */
+export async function runTraceOfTask(db: Db, taskId: string): Promise<{ trace_context: string | null; trace_state: string | null } | null> {
+  return db.maybeOne(sql.type(z.object({ trace_context: z.string().nullable(), trace_state: z.string().nullable() }))`
+    SELECT trace_context, trace_state FROM runs WHERE id = ${taskId}`);
+}

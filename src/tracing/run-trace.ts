@@ -128,3 +128,10 @@ export async function inRunStretch<T extends StretchEnd>(run: HeldRunTrace, work
   else if (report.kind === 'stopped' && report.why === 'cancelled') recordRunSpan(run, { status: 'cancelled', failed: false });
   return report;
 }
+
+/** A link to the span of a run about to be created (a creation a batch writes), naming its task. */
+export function newRunLink(stored: RunTrace | null | undefined, taskId: string): Link | null {
+  if (!stored) return null;
+  const own = parseTraceparent(stored.context, stored.state ?? undefined);
+  return own ? { context: own, attributes: { 'keel.task.id': taskId } } : null;
+}
