@@ -84,7 +84,7 @@ describe.each(['full', 'metadata'])('at privacy level %s', (level) => {
     database = await createTestDatabase();
     keel = await startTestKeel({ databaseUrl: database.url, overrides: overrides(level), pushTestTimings: PUSH_TEST_TIMINGS });
     const client = await createClient(keel.context.pool, 'tracer');
-    if (!client.ok) throw new Error(client.message);
+    if (!client.ok) throw new Error(`client not created: ${client.reason}`);
     token = client.token;
     receiver = await startReceiver();
   });
@@ -215,7 +215,7 @@ describe('a run picked up by another process', () => {
     let worker: TestKeel | null = null;
     try {
       const client = await createClient(api.context.pool, 'restarter');
-      if (!client.ok) throw new Error(client.message);
+      if (!client.ok) throw new Error(`client not created: ${client.reason}`);
       const incomingTrace = hex(16);
       const sent = await rawRpc(
         api.url,
