@@ -12,6 +12,7 @@ import { startInMemoryTracing, type InMemoryTracing } from '../../support/in-mem
 import { createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
+import { TEST_TOOLS_MODULE } from '../../support/run-helpers.js';
 import { PUSH_TEST_OVERRIDES, PUSH_TEST_TIMINGS, startReceiver, type Receiver } from '../push/push-support.js';
 
 // Keel's spans read back from an in-memory exporter (docs/observability.md, "Trace spans"): the
@@ -19,6 +20,7 @@ import { PUSH_TEST_OVERRIDES, PUSH_TEST_TIMINGS, startReceiver, type Receiver } 
 // run picked up by another process after the first stopped, and no content or credential in any
 // attribute. The spans of two Keels calling each other: remote-trace.test.ts.
 
+const ASSISTANT = new URL('../../fixtures/statecharts/assistant.machine.ts', import.meta.url).pathname;
 const SECRET = `secret-marker-${randomUUID()}`;
 const PUSH_TOKEN = `push-token-${randomUUID()}`;
 const PUSH_CREDENTIAL = `push-credential-${randomUUID()}`;
@@ -245,6 +247,47 @@ describe('a run picked up by another process', () => {
     } finally {
       await api.dispose().catch(() => undefined);
       await worker?.dispose();
+      await database.drop();
+    }
+  });
+});
+
+describe('a statechart agent', () => {
+  it('shows its states, the steps each ran and the model and tool calls of those steps', async () => {
+    tracing.reset();
+    const database = await createTestDatabase();
+    const keel = await startTestKeel({
+      databaseUrl: database.url,
+      overrides: {
+        KEEL_PRIVACY_LEVEL: 'full',
+        KEEL_TOOL_MODULES: JSON.stringify([TEST_TOOLS_MODULE]),
+        KEEL_PROVIDERS: { plans: { type: 'scripted', steps: [{ reply: JSON.stringify({ tool: 'lookup', arguments: { key: 'k1' } }) }] } },
+        KEEL_AGENTS: [{ id: 'looks-up', name: 'Looks up', machine: ASSISTANT, provider: 'plans', tools: ['lookup'] }],
+      },
+    });
+    try {
+      const client = await createClient(keel.context.pool, 'statecharts');
+      if (!client.ok) throw new Error(`client not created: ${client.reason}`);
+      const traceId = hex(16);
+      const sent = await rawRpc(keel.url, 'looks-up', { jsonrpc: '2.0', id: 1, method: 'SendMessage', params: message(`look up ${SECRET}`) }, { token: client.token, headers: { traceparent: traceparentOf(traceId, hex(8)) } });
+      expect(sent.body.result.task.status.state).toBe('TASK_STATE_COMPLETED');
+      const spans = await waitFor(async () => {
+        const found = tracing.spansOf(traceId);
+        return found.some((span) => span.name === 'invoke_agent looks-up') ? found : null;
+      }, 'the statechart run settled');
+      const byId = new Map(spans.map((span) => [span.spanContext().spanId, span]));
+      const stretch = one(spans, 'keel.run.stretch');
+      const using = one(spans, 'keel.statechart.state using');
+      expect(parentOf(using)).toBe(stretch.spanContext().spanId);
+      const use = one(spans, 'keel.statechart.step use');
+      expect(parentOf(use)).toBe(using.spanContext().spanId);
+      const plan = one(spans, 'keel.statechart.step plan');
+      expect(byId.get(parentOf(plan)!)?.name).toMatch(/^keel\.statechart\.state /);
+      expect(parentOf(one(spans, 'chat plans'))).toBe(plan.spanContext().spanId);
+      expect(parentOf(one(spans, 'execute_tool lookup'))).toBe(use.spanContext().spanId);
+      expect(carriedStrings(spans).join('\n')).not.toContain(SECRET);
+    } finally {
+      await keel.dispose();
       await database.drop();
     }
   });
