@@ -37,6 +37,9 @@ export const insertedRunRow = (run: FastRun, workerId: string, leaseMs: number):
   updated_at: run.at,
   started_at: run.at,
   settled_at: null,
+  trace_context: run.trace?.context ?? null,
+  trace_parent_span: run.trace?.parentSpanId ?? null,
+  trace_state: run.trace?.state ?? null,
 });
 
 /**

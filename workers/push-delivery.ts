@@ -20,6 +20,10 @@ import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
 import { EVENT_SEQUENCE_HEADER, stampResponse } from '../src/a2a/sequenced-events.js';
+import { runTraceOfTask } from '../src/runs/run-repository.js';
+import { inPushDeliverySpan } from '../src/tracing/client-spans.js';
+import { runContext } from '../src/tracing/run-trace.js';
+import { tracingEnabled } from '../src/tracing/tracing-switch.js';
 
 // The push queue's processor: one attempt of one delivery. Before it: reread the config (deleted
 // or stopped: no attempt), keep journal order per config (an earlier delivery not ended: wait)
@@ -248,16 +252,30 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     // vetted address), so a refusal comes after the attempt was counted: it is that attempt's outcome.
     // Separate deadlines: the connection's (a destination that does not accept fails fast) within
     // the whole attempt's. Of a 2xx answer only a bounded prefix is read: any body acknowledges.
-    const result = await fetch({
-      url: delivery.url,
-      method: 'POST',
-      headers,
-      body: JSON.stringify(delivery.sequenced ? stampResponse(event.response, event.sequence) : event.response),
-      timeoutMs: options.timeoutMs,
-      connectTimeoutMs: options.connectTimeoutMs,
-      maxResponseBytes: ANSWER_PREFIX_BYTES,
-      overLimit: 'truncate',
-    });
+    const post = () =>
+      fetch({
+        url: delivery.url,
+        method: 'POST',
+        headers,
+        body: JSON.stringify(delivery.sequenced ? stampResponse(event.response, event.sequence) : event.response),
+        timeoutMs: options.timeoutMs,
+        connectTimeoutMs: options.connectTimeoutMs,
+        maxResponseBytes: ANSWER_PREFIX_BYTES,
+        overLimit: 'truncate',
+      });
+    // While tracing is on, the attempt is a span under its task's run span, its traceparent sent with the webhook.
+    const result = tracingEnabled()
+      ? await inPushDeliverySpan(
+          runContext((await runTraceOfTask(pool, delivery.task_id)) ?? {}),
+          { url: delivery.url, deliveryId: delivery.id, taskId: delivery.task_id, attempt: number },
+          headers,
+          post,
+          (answered) => {
+            const classified = classifyAttempt(answered, number, options.maxAttempts);
+            return { outcome: classified.class, status: classified.status };
+          },
+        )
+      : await post();
     const durationMs = Date.now() - sentAt;
     const outcome = classifyAttempt(result, number, options.maxAttempts);
     const record = (name: AttemptOutcome['kind']): AttemptRecord => ({

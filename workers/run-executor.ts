@@ -42,6 +42,8 @@ import {
 import { RunSettling } from './run-settling.js';
 import { RunSlots, type Slot } from './run-slots.js';
 import { driveRun, ToolValidators } from './run-steps.js';
+import { inRunStretch } from '../src/tracing/run-trace.js';
+import { tracingEnabled } from '../src/tracing/tracing-switch.js';
 
 export type { AfterCommit, EndJournaling, ExecutionReport, ExecutorOptions, RunExecutor } from './run-execution.js';
 
@@ -288,7 +290,9 @@ export function createRunExecutor(
     let current = run;
     for (let redriven = 0; ; redriven += 1) {
       try {
-        return await executeClaimed(current, slot, redriven === 0 ? fast : null, redriven > 0);
+        const stretch = () => executeClaimed(current, slot, redriven === 0 ? fast : null, redriven > 0);
+        // One span per stretch, parented to the run's stored span (src/tracing/run-trace.ts).
+        return await (tracingEnabled() ? inRunStretch(current, workerId, stretch) : stretch());
       } catch (error) {
         if (!isConnectionError(error) || slots.isDraining || redriven >= MAX_REDRIVES) throw error;
         logger.warn({ err: error, runId: run.id }, 'the run lost a write with the database; driving it again once it answers');

@@ -18,6 +18,8 @@ import { appendRunOutputs, outputFromEmission } from '../src/runs/run-output-rep
 import { announceRunOutputs, lockHeldRun, markNonIdempotentCall } from '../src/runs/run-repository.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import type { ToolDefinition, ToolResult } from '../src/tools/tool.js';
+import { inToolSpan } from '../src/tracing/gen-ai-spans.js';
+import { tracingEnabled } from '../src/tracing/tracing-switch.js';
 import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
 import type { DatabasePool } from '../src/db/pool.js';
 import type { AfterCommit, DrivenRun, RunInHand } from './run-execution.js';
@@ -137,7 +139,8 @@ async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult 
   let result: ToolResult;
   // A cancel stops the wait for the tool at once, whether it honours its signal or not; what it
   // still answers is discarded (decision 0066).
-  const running = started(() => tool.run(call.arguments, { runId, agentId: agent.config.id, toolCallId: call.id, fetch: ctx.fetch, signal: lease.abort.signal, logger: runLog }));
+  const run = () => tool.run(call.arguments, { runId, agentId: agent.config.id, toolCallId: call.id, fetch: ctx.fetch, signal: lease.abort.signal, logger: runLog });
+  const running = started(() => (tracingEnabled() ? inToolSpan(call, tool.effect, run) : run()));
   hand.current = { step: 'tool', name: call.name, callId: call.id };
   try {
     const raced = await unlessCancelled(running, lease.cancelled.signal);

@@ -26,6 +26,8 @@ import type { AskApprovalInput, AskInputInput, CallModelInput, CallRemoteAgentIn
 import type { ToolEffect, ToolResult } from '../src/tools/tool.js';
 import { started, unlessCancelled, type DiscardLate, type LateOutcome } from '../src/runs/unless-cancelled.js';
 import type { RunningStepName } from './run-execution.js';
+import { StatechartTrace } from '../src/tracing/statechart-trace.js';
+import { tracingEnabled } from '../src/tracing/tracing-switch.js';
 
 // A statechart agent's run inside the runs worker (docs/statechart-agents.md): the machine decides
 // (src/statecharts/statechart-run.ts), this host does the I/O of each step and commits each
@@ -300,8 +302,11 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
     return marker.effect ?? 'non_idempotent_write';
   };
 
+
+  // While tracing is on, the states and steps of this stretch (src/tracing/statechart-trace.ts).
+  const traced = tracingEnabled() ? new StatechartTrace(runId) : null;
   const host: StatechartHost = {
-    perform: (step, marker, signal) => perform(step, marker, signal),
+    perform: (step, marker, signal) => (traced ? traced.step(step, () => perform(step, marker, signal)) : perform(step, marker, signal)),
     checkpoint: deps.checkpoint,
     cancelled: deps.cancelled,
     commit: async ({ record, value, event, shown }) => {
@@ -337,6 +342,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         return true;
       });
       if (committed && outputs.length > 0) deps.shown();
+      if (committed) traced?.entered(value);
       return committed;
     },
   };
@@ -346,7 +352,12 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
   /** Tool calls an operator approved: the resumed run performs them. */
   const approvedCalls = new Set<string>(approvedCall === null ? [] : [approvedCall]);
   const record = state.machine ?? null;
-  const result = await runStatechart(definition, { record, input: statechartInputOf(state), answer }, host);
+  let result: Awaited<ReturnType<typeof runStatechart>>;
+  try {
+    result = await runStatechart(definition, { record, input: statechartInputOf(state), answer }, host);
+  } finally {
+    traced?.left();
+  }
   // The decision or reply is consumed: a later suspension stores its own.
   state = { ...state, resume: null, pendingApproval: null, pendingInput: null, pendingDependency: null };
 

@@ -56,6 +56,8 @@ import {
 import { isUuid } from '../db/uuid.js';
 import { newRowId } from '../db/row-id.js';
 import { findMessageKey, insertFollowUpKey, MAX_MESSAGE_KEY_LENGTH } from '../tasks/message-keys.js';
+import { newRunTrace } from '../tracing/run-trace.js';
+import { noteTaskId } from '../tracing/a2a-server-span.js';
 import { compareFingerprint, fingerprintInputOf, messageFingerprint, type FingerprintInput } from './message-fingerprint.js';
 
 // The eleven A2A methods, independent of the binding. Every handler returns a value or an A2A
@@ -331,6 +333,7 @@ export class A2AService {
       this.deps.logger.info({ taskId: earlier.taskId }, 'a repeated message key was answered with its task; its fingerprint was made under a master key no longer loaded');
     }
     beforeWork?.(earlier.taskId);
+    noteTaskId(earlier.taskId);
     return ok({ taskId: earlier.taskId, afterSequence: earlier.afterSequence, repeat: true });
   }
 
@@ -414,6 +417,8 @@ export class A2AService {
         answerLevel: primary.ceilings.answerLevel,
         provider: primary.provider.name,
         taskId,
+        // Under the request's server span while tracing is on; null (nothing read) while it is off.
+        trace: newRunTrace(),
       },
       request,
       inExistingContext: message.contextId !== undefined,
@@ -429,6 +434,7 @@ export class A2AService {
       if (!admitted.ok) return admitted;
       const accepted = admitted.value;
       // Built field by field, not spread: the hot path (decision 0050).
+      if (accepted.ok) noteTaskId(accepted.task.taskId);
       if (accepted.ok) return ok({ taskId: accepted.task.taskId, afterSequence: accepted.task.afterSequence, repeat: false });
       const repeated = await this.repeatOf(caller, keyed.value, beforeWork);
       if (repeated) return repeated;
@@ -506,6 +512,7 @@ export class A2AService {
       }
     }
     this.deps.projector.wake(row.run_id);
+    noteTaskId(taskId);
     return ok({ taskId, afterSequence: row.last_sequence, repeat: false });
   }
 

@@ -54,6 +54,8 @@ import type { A2AService, Caller, SendOptions, StreamItem } from './a2a-service.
 import { hostPort } from './agent-card.js';
 import { parseParams, subscriptionOptions } from './binding-support.js';
 import { grpcErrorStatus } from './grpc-status.js';
+import { inA2AServerSpan, taskIdOfParams, type A2ARequestTrace } from '../tracing/a2a-server-span.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 
 // The gRPC binding (specification 10; decision 0020): every method of lf.a2a.v1.A2AService on a
 // port of its own, over the same service and the same gate as the HTTP bindings. The service
@@ -290,6 +292,20 @@ export type GrpcBindingDeps = {
 
 type Admitted = { ok: true; call: GrpcCall; params: unknown; echo: Metadata; admission: RequestAdmission<A2AError> } | { ok: false; error: A2AError; echo?: Metadata };
 
+/** The SERVER span's view of an admitted gRPC call: the method from the call's path (`/<service>/<Method>`), the trace context from its metadata. */
+function grpcRequestTrace(call: ServerUnaryCall<unknown, unknown> | ServerWritableStream<unknown, unknown>, admitted: Extract<Admitted, { ok: true }>): A2ARequestTrace {
+  const path = call.getPath();
+  return {
+    binding: 'grpc',
+    method: path.slice(path.lastIndexOf('/') + 1),
+    agentId: admitted.call.caller.agent.config.id,
+    clientId: admitted.call.caller.clientId,
+    traceparent: metadataTexts(admitted.call.metadata, 'traceparent')[0],
+    tracestate: metadataTexts(admitted.call.metadata, 'tracestate')[0],
+    taskId: taskIdOfParams(admitted.params),
+  };
+}
+
 /** The service implementation: each method's call through the gate, its handler and back to proto. */
 export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceImplementation {
   const { service, registry, logger } = deps;
@@ -335,7 +351,8 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
       if (admitted.echo) call.sendMetadata(admitted.echo);
       if (!admitted.ok) return callback(grpcErrorStatus(admitted.error));
       admission = admitted.admission;
-      const result = await method.handle(admitted.call, admitted.params);
+      const handle = () => method.handle(admitted.call, admitted.params);
+      const result = tracingEnabled() ? await inA2AServerSpan(grpcRequestTrace(call, admitted), handle) : await handle();
       if (!result.ok) return callback(grpcErrorStatus(result.error));
       callback(null, method.response.fromJSON(result.value));
     } catch (error) {
@@ -365,6 +382,20 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
         return void call.emit('error', grpcErrorStatus(slot.error));
       }
       streamSlot = slot;
+      const serve = () => serveStream(method, admitted, call, abort.signal);
+      await (tracingEnabled() ? inA2AServerSpan(grpcRequestTrace(call, admitted), serve) : serve());
+    } catch (error) {
+      if (!call.cancelled) call.emit('error', internal(error, call.getPath()));
+    } finally {
+      streamSlot?.close();
+      call.off('cancelled', onCancel);
+    }
+  };
+
+  /** A stream method's handler, then its items sent one at a time until it ends, the client cancels or stalls. */
+  const serveStream = async (method: Extract<GrpcMethod, { kind: 'stream' }>, admitted: Extract<Admitted, { ok: true }>, call: ServerWritableStream<unknown, unknown>, signal: AbortSignal) => {
+    const abort = { signal };
+    {
       const opened = await method.handle(admitted.call, admitted.params);
       if (!opened.ok) return void call.emit('error', grpcErrorStatus(opened.error));
       try {
@@ -387,11 +418,6 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
         logger.warn({ err: error, method: call.getPath() }, 'stream ended by an error');
       }
       if (!call.cancelled) call.end();
-    } catch (error) {
-      if (!call.cancelled) call.emit('error', internal(error, call.getPath()));
-    } finally {
-      streamSlot?.close();
-      call.off('cancelled', onCancel);
     }
   };
 

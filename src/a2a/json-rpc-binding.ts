@@ -16,6 +16,7 @@ import { A2AErrors, invalidParams, jsonRpcError, ok, type A2AError, type Result 
 import type { A2AService, Caller, StreamItem } from './a2a-service.js';
 import {
   challengeIfUnauthenticated,
+  headerValue,
   holdingStreamSlot,
   idempotencyKeyOf,
   JSON_TYPES,
@@ -28,6 +29,8 @@ import {
   subscriptionOptions,
   type BindingDeps,
 } from './binding-support.js';
+import { inA2AServerSpan, taskIdOfParams } from '../tracing/a2a-server-span.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 import { resumePointOfParams } from './sequenced-events.js';
 import { lastEventId } from './sse.js';
 
@@ -225,7 +228,18 @@ export function registerJsonRpcBinding(app: FastifyInstance, deps: BindingDeps):
     const handler = jsonRpcMethod(method);
     if (!handler) return rpcError(reply, id, A2AErrors.methodNotFound(`method ${method} does not exist (A2A 1.0 names, e.g. SendMessage)`));
     const call = () => handler({ request, reply, id, params, caller: guard.caller, activated: guard.activated, service, logger });
-    return STREAMING_METHODS.has(method) ? holdingStreamSlot(guard.admission, (error) => rpcError(reply, id, error), call, reply.raw) : call();
+    const handle = () => (STREAMING_METHODS.has(method) ? holdingStreamSlot(guard.admission, (error) => rpcError(reply, id, error), call, reply.raw) : call());
+    if (!tracingEnabled()) return handle();
+    const traced = {
+      binding: 'jsonrpc' as const,
+      method,
+      agentId: guard.caller.agent.config.id,
+      clientId: guard.caller.clientId,
+      traceparent: headerValue(request, 'traceparent'),
+      tracestate: headerValue(request, 'tracestate'),
+      taskId: taskIdOfParams(params),
+    };
+    return inA2AServerSpan(traced, handle);
   };
   // The interface URL exactly, and with a trailing slash (clients that join "/" onto the URL, as
   // the conformance kit's httpx client does); no HTTP+JSON operation lives at POST /a2a/<agent>/.

@@ -6,6 +6,7 @@ import type { A2AService, Caller } from './a2a-service.js';
 import {
   A2A_JSON,
   challengeIfUnauthenticated,
+  headerValue,
   holdingStreamSlot,
   idempotencyKeyOf,
   JSON_TYPES,
@@ -20,6 +21,8 @@ import {
   type BindingDeps,
 } from './binding-support.js';
 import { lastEventId } from './sse.js';
+import { inA2AServerSpan } from '../tracing/a2a-server-span.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
 // with a named handler, which checks the HTTP method, reads the path, query or body and calls the
@@ -219,16 +222,24 @@ export async function handleGetTask(call: RestCall, match: RegExpExecArray) {
  * The operations by path under /a2a/<agent>, tried in order; the first whose pattern matches handles
  * the request. A streaming one holds one of the client's open-stream slots while it runs.
  */
-export const restOperations: ReadonlyArray<{ pattern: RegExp; handle: RestOperationHandler; streaming?: true }> = [
-  { pattern: /^\/message:send$/, handle: handleSendMessage },
-  { pattern: /^\/message:stream$/, handle: handleSendStreamingMessage, streaming: true },
-  { pattern: /^\/tasks$/, handle: handleListTasks },
-  { pattern: /^\/extendedAgentCard$/, handle: handleGetExtendedAgentCard },
-  { pattern: /^\/tasks\/([^/:]+):cancel$/, handle: handleCancelTask },
-  { pattern: /^\/tasks\/([^/:]+):subscribe$/, handle: handleSubscribeToTask, streaming: true },
-  { pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs$/, handle: handleTaskPushConfigs },
-  { pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs\/([^/]+)$/, handle: handleTaskPushConfig },
-  { pattern: /^\/tasks\/([^/:]+)$/, handle: handleGetTask },
+export const restOperations: ReadonlyArray<{ pattern: RegExp; handle: RestOperationHandler; streaming?: true; method: (httpMethod: string) => string }> = [
+  { pattern: /^\/message:send$/, handle: handleSendMessage, method: () => 'SendMessage' },
+  { pattern: /^\/message:stream$/, handle: handleSendStreamingMessage, streaming: true, method: () => 'SendStreamingMessage' },
+  { pattern: /^\/tasks$/, handle: handleListTasks, method: () => 'ListTasks' },
+  { pattern: /^\/extendedAgentCard$/, handle: handleGetExtendedAgentCard, method: () => 'GetExtendedAgentCard' },
+  { pattern: /^\/tasks\/([^/:]+):cancel$/, handle: handleCancelTask, method: () => 'CancelTask' },
+  { pattern: /^\/tasks\/([^/:]+):subscribe$/, handle: handleSubscribeToTask, streaming: true, method: () => 'SubscribeToTask' },
+  {
+    pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs$/,
+    handle: handleTaskPushConfigs,
+    method: (httpMethod) => (httpMethod === 'GET' ? 'ListTaskPushNotificationConfigs' : 'CreateTaskPushNotificationConfig'),
+  },
+  {
+    pattern: /^\/tasks\/([^/:]+)\/pushNotificationConfigs\/([^/]+)$/,
+    handle: handleTaskPushConfig,
+    method: (httpMethod) => (httpMethod === 'DELETE' ? 'DeleteTaskPushNotificationConfig' : 'GetTaskPushNotificationConfig'),
+  },
+  { pattern: /^\/tasks\/([^/:]+)$/, handle: handleGetTask, method: () => 'GetTask' },
 ];
 
 export function registerRestBinding(app: FastifyInstance, deps: BindingDeps): void {
@@ -246,9 +257,21 @@ export function registerRestBinding(app: FastifyInstance, deps: BindingDeps): vo
       for (const operation of restOperations) {
         const match = operation.pattern.exec(path);
         if (!match) continue;
-        return operation.streaming
-          ? holdingStreamSlot(guard.admission, (error) => restFail(reply, error), () => operation.handle(call, match), reply.raw)
-          : operation.handle(call, match);
+        const handle = () =>
+          operation.streaming
+            ? holdingStreamSlot(guard.admission, (error) => restFail(reply, error), () => operation.handle(call, match), reply.raw)
+            : operation.handle(call, match);
+        if (!tracingEnabled()) return handle();
+        const traced = {
+          binding: 'rest' as const,
+          method: operation.method(method),
+          agentId: guard.caller.agent.config.id,
+          clientId: guard.caller.clientId,
+          traceparent: headerValue(request, 'traceparent'),
+          tracestate: headerValue(request, 'tracestate'),
+          taskId: match[1] === undefined ? undefined : (pathSegment(match[1]) ?? undefined),
+        };
+        return inA2AServerSpan(traced, handle);
       }
       return restFail(reply, A2AErrors.methodNotFound(`no A2A operation at ${method} ${path}`));
     },

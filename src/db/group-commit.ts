@@ -1,3 +1,6 @@
+import { context, ROOT_CONTEXT, SpanKind, trace, type Link, type SpanContext } from '@opentelemetry/api';
+import { inSpan } from '../tracing/keel-tracer.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 import { isConnectionError } from './pool.js';
 
 // Group commit (docs/decisions/0026-group-commit.md): the writes of concurrent requests that are
@@ -52,9 +55,15 @@ export type BatchWriter<I, R> = BatchOptions<I> & {
    * batch: the writes its batch's callers make next (a completion after a creation) go with it.
    */
   gatherAfterBatch?: boolean;
+  /**
+   * While tracing is on, each batch is one span of this name (a root: a batch serves many traces)
+   * with a link to each item's trace: `linkOf`'s, else the span that was active when the item was
+   * submitted (the run's stretch, for a completion).
+   */
+  trace?: { name: string; linkOf?: (item: I) => Link | null };
 };
 
-type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void; submittedAt: number };
+type Pending<I, R> = { item: I; resolve: (result: R) => void; reject: (error: unknown) => void; submittedAt: number; from: SpanContext | undefined };
 
 export class GroupCommit<I, R> {
   private queue: Pending<I, R>[] = [];
@@ -70,7 +79,8 @@ export class GroupCommit<I, R> {
   submit(item: I): Promise<R> {
     if (this.writer.direct) return this.writeAlone(item);
     return new Promise<R>((resolve, reject) => {
-      this.queue.push({ item, resolve, reject, submittedAt: performance.now() });
+      const from = this.writer.trace && tracingEnabled() ? trace.getSpanContext(context.active()) : undefined;
+      this.queue.push({ item, resolve, reject, submittedAt: performance.now(), from });
       this.schedule();
     });
   }
@@ -111,7 +121,7 @@ export class GroupCommit<I, R> {
       const batch = this.queue.splice(0, this.writer.maxBatch);
       this.writer.onBatch?.(batch.length);
       const startedAt = performance.now();
-      await this.write(batch);
+      await (this.writer.trace && tracingEnabled() ? this.tracedWrite(this.writer.trace, batch) : this.write(batch));
       const { onWritten } = this.writer;
       if (onWritten)
         onWritten(
@@ -120,6 +130,16 @@ export class GroupCommit<I, R> {
           batch.map((pending) => pending.item),
         );
     }
+  }
+
+  /** The batch's write inside its span, linked to the trace of each item it carries. */
+  private tracedWrite(traced: NonNullable<BatchWriter<I, R>['trace']>, batch: Pending<I, R>[]): Promise<void> {
+    const links: Link[] = [];
+    for (const pending of batch) {
+      const link = traced.linkOf?.(pending.item) ?? (pending.from && trace.isSpanContextValid(pending.from) ? { context: pending.from } : null);
+      if (link) links.push(link);
+    }
+    return inSpan(traced.name, { kind: SpanKind.INTERNAL, links, attributes: { 'keel.batch.size': batch.length } }, ROOT_CONTEXT, () => this.write(batch));
   }
 
   private async write(batch: Pending<I, R>[]): Promise<void> {

@@ -9,6 +9,7 @@ import type {
   ToolSpec,
   TranscriptMessage,
 } from './provider.js';
+import { injectTraceHeaders } from '../tracing/trace-context.js';
 
 // The `openai` provider: any OpenAI-compatible chat-completions endpoint, with tool calling, reached
 // only through the guarded fetch. Every failure is a classified value, never an exception, and no
@@ -277,6 +278,7 @@ export function createOpenAiProvider(name: string, config: OpenAiProviderConfig,
   return {
     name,
     type: 'openai',
+    model: config.model,
     call: async (input: ProviderCallInput): Promise<ProviderOutcome> => {
       const env = deps.env ?? process.env;
       let apiKey: string | undefined;
@@ -293,6 +295,8 @@ export function createOpenAiProvider(name: string, config: OpenAiProviderConfig,
 
       const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'application/json' };
       if (apiKey !== undefined) headers.authorization = `Bearer ${apiKey}`;
+      // The model call's span (src/tracing/gen-ai-spans.ts) as the parent of the provider's own, while tracing is on.
+      injectTraceHeaders(headers);
 
       let result: GuardedFetchResult;
       try {

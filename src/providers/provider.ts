@@ -81,6 +81,8 @@ export type ProviderCallInput = {
 export type Provider = {
   readonly name: string;
   readonly type: 'echo' | 'scripted' | 'openai' | 'conformance';
+  /** The model it asks for, when it names one (its spans' `gen_ai.request.model`). */
+  readonly model?: string;
   call: (input: ProviderCallInput) => Promise<ProviderOutcome>;
 };
 

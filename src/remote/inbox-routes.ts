@@ -1,4 +1,8 @@
-import type { FastifyInstance } from 'fastify';
+import type { Span } from '@opentelemetry/api';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { headerValue } from '../a2a/binding-support.js';
+import { inInboxCallbackSpan } from '../tracing/client-spans.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
 import type { KeelQueues } from '../queue/keel-queues.js';
@@ -29,7 +33,15 @@ export function streamResponseKind(body: unknown): (typeof KINDS)[number] | null
 }
 
 export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void {
-  app.post<{ Params: { registrationId: string } }>('/a2a/inbox/:registrationId', async (request, reply) => {
+  app.post<{ Params: { registrationId: string } }>('/a2a/inbox/:registrationId', (request, reply) =>
+    tracingEnabled() ? inInboxCallbackSpan(headerValue(request, 'traceparent'), headerValue(request, 'tracestate'), request.params.registrationId, async (span) => {
+          const answered = await receive(request, reply, span);
+          span.setAttribute('http.response.status_code', reply.statusCode);
+          return answered;
+        }) : receive(request, reply, null),
+  );
+
+  async function receive(request: FastifyRequest<{ Params: { registrationId: string } }>, reply: FastifyReply, span: Span | null) {
     const unauthorized = () => reply.code(401).header('www-authenticate', 'Bearer realm="keel-inbox"').send({ error: 'unauthorized' });
     const { registrationId } = request.params;
     const header = request.headers.authorization;
@@ -37,6 +49,7 @@ export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void
     if (!match || !isUuid(registrationId)) return unauthorized();
     const registration = await getRegistration(deps.pool, registrationId);
     if (!registration || !credentialMatches(match[1]!, registration.credential_hash)) return unauthorized();
+    span?.setAttribute('keel.dependency.id', registration.dependency_id);
 
     let body: unknown;
     try {
@@ -61,5 +74,5 @@ export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void
       deps.logger.warn({ err: error, dependencyId: registration.dependency_id }, 'reconcile job not enqueued; the poller will reconcile'),
     );
     return reply.code(200).send({ received: true });
-  });
+  }
 }

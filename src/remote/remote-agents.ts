@@ -102,7 +102,7 @@ export class RemoteAgents {
       ON CONFLICT (remote_agent) DO UPDATE SET card = coalesce(EXCLUDED.card, remote_cards.card),
         fetched_at = coalesce(EXCLUDED.fetched_at, remote_cards.fetched_at), error = EXCLUDED.error, updated_at = now()`);
     if (!card) return { ok: false, reason: refused ? 'card_unverified' : 'unavailable', message: `remote agent ${id}: ${error}` };
-    const fetchImpl = guardedFetchFor(this.deps.fetch, credential.value ? { authorization: `Bearer ${credential.value}` } : {});
+    const fetchImpl = guardedFetchFor(this.deps.fetch, credential.value ? { authorization: `Bearer ${credential.value}` } : {}, undefined, id);
     const factory = new ClientFactory(
       ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
         transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],

@@ -1,6 +1,7 @@
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import type { Claim } from './run-repository.js';
 import type { RunRequest } from './run-request.js';
+import type { RunTrace } from '../tracing/run-trace.js';
 
 // The fast path (docs/decisions/0025-fast-path.md): a new task received by a process that runs
 // workers and has a free run slot is run by that process. The API side reserves a slot before it
@@ -18,6 +19,8 @@ export type FastRun = {
   request: RunRequest;
   /** When it was created and started (`runs.started_at = runs.created_at`). */
   at: number;
+  /** Its place in its task's trace, as its row stores it (null while tracing is off). */
+  trace?: RunTrace | null;
   /**
    * Its task as the same insert wrote it (WORKING since `at`, its WORKING event journaled), with
    * the history's sealed bytes: the completion writes against this without reading the task first

@@ -9,6 +9,8 @@ import type { LeaseKeeper } from './lease-keeper.js';
 import { deleteRunOutputs, scrubRunOutputs } from './run-output-repository.js';
 import { lockHeldRun, switchRunProvider, type Db } from './run-repository.js';
 import { started as startedStep, unlessCancelled, type DiscardLate, type LateOutcome, type Raced } from './unless-cancelled.js';
+import { inModelCallSpan } from '../tracing/gen-ai-spans.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 
 // An agent's provider chain as one model call of a run sees it: which provider is asked, how often
 // a failure is retried, when the next provider takes over, and what a fallback's privacy ceilings
@@ -140,7 +142,7 @@ export function providerChainOf(run: ChainRun, appliedIndex: number): ProviderCh
       const started = Date.now();
       // The provider gets the run's signal (openai's request is aborted with it); a cancel stops
       // the wait at once even for one that ignores it, and its late answer is discarded.
-      const calling = startedStep(() =>
+      const ask = () =>
         link.provider.call({
           runId: run.runId,
           iteration: request.iteration,
@@ -148,8 +150,8 @@ export function providerChainOf(run: ChainRun, appliedIndex: number): ProviderCh
           tools: run.tools,
           signal: lease.abort.signal,
           ...(request.requestMetadata ? { requestMetadata: request.requestMetadata } : {}),
-        }),
-      );
+        });
+      const calling = startedStep(() => (tracingEnabled() ? inModelCallSpan(link.provider, { iteration: request.iteration, attempt }, ask) : ask()));
       run.calling?.(link.provider.name);
       let raced: Raced<Awaited<typeof calling>>;
       try {

@@ -20,6 +20,7 @@ import { FIRST_CLAIM_REVISION, INSERTED_REVISION, runRow, type RunRow } from './
 import { newRowId } from '../db/row-id.js';
 import { rowShape, type ShapedRow } from '../db/row-shape.js';
 import { appendRunEvent } from './run-event-repository.js';
+import type { RunTrace } from '../tracing/run-trace.js';
 
 // Every run transition is one guarded write: UPDATE ... WHERE status = ANY(<allowed-from>), with the
 // allowed-from statuses read from machines/run.machine.ts, returning whether it happened. Each
@@ -53,6 +54,8 @@ export type CreateRunInput = {
   /** The A2A task this run serves, if any (its id is the task's first run id). */
   taskId?: string;
   request: unknown;
+  /** Its place in its task's trace while tracing is on (src/tracing/run-trace.ts), else null. */
+  trace?: RunTrace | null;
 };
 
 /** A run about to be inserted already claimed by the inserting process (the fast path): its claim and the moment it starts. */
@@ -83,6 +86,9 @@ export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }
     lease_ms: fast?.claim.leaseMs ?? null,
     at: fast?.at ?? null,
     revision: fast === null ? INSERTED_REVISION : FIRST_CLAIM_REVISION,
+    trace_context: input.trace?.context ?? null,
+    trace_parent_span: input.trace?.parentSpanId ?? null,
+    trace_state: input.trace?.state ?? null,
   });
 }
 
@@ -100,6 +106,9 @@ const RUN_ROW = rowShape([
   ['lease_ms', 'float8'],
   ['at', 'float8'],
   ['revision', 'int8'],
+  ['trace_context', 'text'],
+  ['trace_parent_span', 'text'],
+  ['trace_state', 'text'],
 ]);
 
 /** How many cells a row from `runValues` has. */
@@ -113,10 +122,11 @@ export const RUN_COLUMNS = RUN_ROW.width;
  */
 export function insertRunsStatement(rows: readonly ShapedRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
-      claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision)
+      claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision, trace_context, trace_parent_span, trace_state)
     SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, v.request,
       v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
-      coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision
+      coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision,
+      v.trace_context, v.trace_parent_span, v.trace_state
     FROM ${RUN_ROW.unnest(rows, 'v')}
     ${onlyTasksOf === null ? sql.fragment`` : sql.fragment`WHERE v.task_id IN (SELECT task_id FROM ${onlyTasksOf})`}`;
 }
@@ -635,4 +645,10 @@ export async function listRuns(db: Db, filter: ListRunsFilter): Promise<readonly
   return db.any(sql.type(runRow)`
     SELECT * FROM runs WHERE ${sql.join(conditions, sql.fragment` AND `)}
     ORDER BY created_at DESC, id DESC LIMIT ${filter.limit}`);
+}
+
+/** The stored trace of a task's run (a task's id is its run's), for the spans of work done for the task outside the run (push deliveries). */
+export async function runTraceOfTask(db: Db, taskId: string): Promise<{ trace_context: string | null; trace_state: string | null } | null> {
+  return db.maybeOne(sql.type(z.object({ trace_context: z.string().nullable(), trace_state: z.string().nullable() }))`
+    SELECT trace_context, trace_state FROM runs WHERE id = ${taskId}`);
 }

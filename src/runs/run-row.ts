@@ -38,6 +38,10 @@ export const runRow = z.object({
   machine_state: z.unknown().optional(),
   /** When the run's durable timer is due (a statechart run suspended with one), else null. */
   timer_due_at: z.number().nullable().optional(),
+  /** Its place in its task's trace (sql/0030, src/tracing/run-trace.ts), null when stored while tracing was off. */
+  trace_context: z.string().nullable().optional(),
+  trace_parent_span: z.string().nullable().optional(),
+  trace_state: z.string().nullable().optional(),
 });
 export type RunRow = z.infer<typeof runRow>;
 

@@ -1,8 +1,16 @@
-/** Whether an OpenTelemetry SDK was wired at start (src/telemetry/); the hot path skips all tracing work when not. */
+// Whether Keel makes spans at all: set once at start by the SDK wiring (src/telemetry/) after it
+// registered its tracer provider. Off (the default), every instrumented place skips its tracing
+// work after reading this one flag: no span, no context read, no traceparent stored or sent
+// (docs/decisions/0081-trace-context-stored-only-while-tracing.md).
+
 let enabled = false;
+
+/** Turns Keel's spans on or off (the SDK wiring calls it with true once its provider is registered). */
 export function setTracingEnabled(value: boolean): void {
   enabled = value;
 }
+
+/** Whether a tracer provider is registered and Keel makes spans. */
 export function tracingEnabled(): boolean {
   return enabled;
 }

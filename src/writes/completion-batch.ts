@@ -27,6 +27,7 @@ export class CompletionBatch {
     const common = {
       ...options,
       rolledBack: (input: CompletionInput) => input.rolledBack?.(),
+      trace: { name: 'keel.completion_batch' },
     };
     if (held) this.held = held;
     else {

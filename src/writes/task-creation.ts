@@ -22,6 +22,7 @@ import {
 import { insertTasksStatement, TASK_COLUMNS, taskValues, type NewTask, type TaskStart } from '../tasks/task-repository.js';
 import type { FastRun } from '../runs/fast-runs.js';
 import type { HeldRows } from './completion-input.js';
+import { newRunLink } from '../tracing/run-trace.js';
 
 // A new task in a new context: the context, the run (QUEUED, or claimed by this process on the
 // fast path) and the task row, with the task's WORKING event for a fast run. The creations of
@@ -239,6 +240,7 @@ export class TaskCreations implements TaskCreator {
       ...options,
       writeBatch: (creations) => write(creations),
       writeOne: async (creation) => (await write([creation]))[0]!,
+      trace: { name: 'keel.write_batch', linkOf: (creation) => newRunLink(creation.run.trace, creation.task.id) },
     });
   }
 

@@ -29,6 +29,7 @@ import {
   type TaskCreation,
   type TaskCreator,
 } from './task-creation.js';
+import { newRunLink } from '../tracing/run-trace.js';
 
 // The hot path's two writes of a task, its creation and its held completion (decisions 0025 and
 // 0029), written together when concurrent requests have both ready at the same moment: one
@@ -152,6 +153,8 @@ export class TaskWriteBatch implements TaskCreator, HeldCompleter {
     this.group = new GroupCommit<Write, Written>({
       maxBatch: options.maxBatch,
       gatherAfterBatch: true,
+      // A creation links to its run's stored span; a completion to the stretch that completed it.
+      trace: { name: 'keel.write_batch', linkOf: (write) => (write.kind === 'creation' ? newRunLink(write.creation.run.trace, write.creation.task.id) : null) },
       ...(options.lanes === undefined ? {} : { lanes: options.lanes }),
       ...(options.spareLaneBacklog === undefined ? {} : { spareLaneBacklog: options.spareLaneBacklog }),
       writeBatch: async (writes) => {

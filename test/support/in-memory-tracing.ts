@@ -1,0 +1,45 @@
+import { context, trace } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import { BasicTracerProvider, InMemorySpanExporter, RandomIdGenerator, SimpleSpanProcessor, type IdGenerator, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
+import { takeRequestedSpanId } from '../../src/tracing/requested-span-id.js';
+import { setTracingEnabled } from '../../src/tracing/tracing-switch.js';
+
+// Tracing for a test process: a tracer provider whose spans stay in memory, the context manager
+// Keel's SDK wiring registers (AsyncLocalStorage), and an id generator that gives a span the id
+// Keel asked for (src/tracing/requested-span-id.ts), as Keel's own wiring does.
+
+export type InMemoryTracing = {
+  /** Every span ended so far. */
+  spans: () => ReadableSpan[];
+  /** The spans of one trace. */
+  spansOf: (traceId: string) => ReadableSpan[];
+  reset: () => void;
+  stop: () => Promise<void>;
+};
+
+const random = new RandomIdGenerator();
+const honouringRequests: IdGenerator = {
+  generateTraceId: () => random.generateTraceId(),
+  generateSpanId: () => takeRequestedSpanId() ?? random.generateSpanId(),
+};
+
+/** Registers the provider globally and turns Keel's tracing on. */
+export function startInMemoryTracing(): InMemoryTracing {
+  const exporter = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ idGenerator: honouringRequests, spanProcessors: [new SimpleSpanProcessor(exporter)] });
+  const manager = new AsyncLocalStorageContextManager().enable();
+  context.setGlobalContextManager(manager);
+  trace.setGlobalTracerProvider(provider);
+  setTracingEnabled(true);
+  return {
+    spans: () => exporter.getFinishedSpans(),
+    spansOf: (traceId) => exporter.getFinishedSpans().filter((span) => span.spanContext().traceId === traceId),
+    reset: () => exporter.reset(),
+    stop: async () => {
+      setTracingEnabled(false);
+      await provider.shutdown();
+      trace.disable();
+      context.disable();
+    },
+  };
+}
