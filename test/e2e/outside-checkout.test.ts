@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Task } from '@a2a-js/sdk';
@@ -10,15 +10,15 @@ import { createEmptyDatabase } from '../support/test-database.js';
 import { TEST_POOL_ENV, tempDir } from '../support/test-keel.js';
 import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../support/test-queues.js';
 
-// Keel as a team gets it (docs/statechart-agents.md): `npm pack` of this checkout, the tarball
-// installed in a directory outside it, `npx keel new project`, the project's own `npm install`,
-// `npm test` and `npm start`, and one task through the official client. The project's Keel runs on
+// Keel as a team gets it (docs/statechart-agents.md): `npm pack` of this checkout, `keel new
+// project` taking Keel from the tarball, the project's own `npm install` (Keel installed outside
+// the checkout), `npm test`, the installed package's `npx keel new project`, `npm start`, and one
+// task through the official client. The project's Keel runs on
 // this file's database (the embedded default is covered by embedded-start.test.ts).
 
 type Ran = { code: number | null; output: string; ms: number };
 
 const work = tempDir('keel-outside-');
-const installDir = join(work, 'install');
 const project = join(work, 'app');
 const prefix = testQueuePrefix();
 let database: Awaited<ReturnType<typeof createEmptyDatabase>> | null = null;
@@ -63,7 +63,7 @@ afterAll(async () => {
   }
   await database?.drop();
   if (testQueueKind() === 'redis') await deleteQueueKeys([prefix]);
-  // Two installs of Keel: tens of thousands of files, slow to remove on a loaded disk.
+  // An install of Keel: tens of thousands of files, slow to remove on a loaded disk.
   await rm(work, { recursive: true, force: true });
 }, STEP_TIMEOUT_MS);
 
@@ -78,32 +78,34 @@ describe('Keel outside its checkout', () => {
     expect(paths.filter((path) => path.startsWith('src/') || path.startsWith('test/'))).toEqual([]);
   }, STEP_TIMEOUT_MS);
 
-  it('installs from the tarball in a directory of its own, and `npx keel new project` scaffolds a repository', async () => {
-    mkdirSync(installDir);
-    writeFileSync(join(installDir, 'package.json'), `${JSON.stringify({ name: 'tools', private: true }, null, 2)}\n`);
-    expectSuccess(await run('npm', ['install', ...INSTALL, tarball], installDir), 'npm install <tarball>');
-    expect(existsSync(join(installDir, 'node_modules', 'keel', 'src'))).toBe(false);
-
-    const created = await run('npx', ['keel', 'new', 'project', project], installDir);
+  it('`keel new project` writes a repository that takes Keel from the tarball', async () => {
+    // The scaffold is written by this checkout's keel (the same code the tarball holds, compiled):
+    // a second install of Keel only to run its scaffold cost CI minutes. The installed package's
+    // own `keel new project` is run below, once the project has installed it.
+    const created = await run(process.execPath, [join(REPO_ROOT, 'bin', 'keel.js'), 'new', 'project', project, '--keel', `file:${tarball}`], work);
     expectSuccess(created, 'keel new project');
     expect(created.output).toContain(`keel: file:${tarball}`);
     const manifest = JSON.parse(readFileSync(join(project, 'package.json'), 'utf8')) as Record<string, Record<string, string>>;
     expect(manifest.type).toBe('module');
     expect(manifest.dependencies).toEqual({ keel: `file:${tarball}`, xstate: expect.any(String) });
     expect(Object.keys(manifest.devDependencies!)).toEqual(['vitest']);
-
-    const again = await run('npx', ['keel', 'new', 'project', project], installDir);
-    expect(again.code).toBe(64);
-    expect(again.output).toContain(`keel: cannot create project in ${project}: the directory is not empty`);
-    // Only the project's own install is used from here on.
-    await rm(installDir, { recursive: true, force: true });
   }, STEP_TIMEOUT_MS);
 
-  it("the project's npm install and npm test pass", async () => {
+  it("the project's npm install and npm test pass, and the installed keel scaffolds too", async () => {
     expectSuccess(await run('npm', ['install', ...INSTALL], project), 'npm install in the project');
+    expect(existsSync(join(project, 'node_modules', 'keel', 'src'))).toBe(false);
     const tested = await run('npm', ['test'], project);
     expectSuccess(tested, 'npm test in the project');
     expect(tested.output).toMatch(/Tests\s+2 passed \(2\)/);
+
+    // The package's own bin: it runs the build in dist/ (no src/ beside it) and records where it came from.
+    const second = join(work, 'second');
+    const created = await run('npx', ['keel', 'new', 'project', second], project);
+    expectSuccess(created, 'npx keel new project (the installed package)');
+    expect(created.output).toContain(`keel: file:${tarball}`);
+    const again = await run('npx', ['keel', 'new', 'project', second], project);
+    expect(again.code).toBe(64);
+    expect(again.output).toContain(`keel: cannot create project in ${second}: the directory is not empty`);
   }, STEP_TIMEOUT_MS);
 
   it('npm start serves the agent, and the official client gets its answer', async () => {
