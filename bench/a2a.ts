@@ -41,6 +41,7 @@ import {
   writeBenchJson,
   type InterruptOptions,
 } from './keel-harness.js';
+import { startBenchHosts, type BenchHosts } from './bench-hosts.js';
 import { startPrivatePostgres, type PrivatePostgres } from './private-postgres.js';
 import { ADMIN_URL, fmt, percentile } from './support.js';
 
@@ -127,6 +128,13 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          shared with anything else using it), and the load generator (this
 //                          process). A column in the table (the total), a breakdown below it, a
 //                          line after each measurement, and `cpu` in the JSON. Off (0) by default
+//   BENCH_KEEL_HOSTS       1: the split topology across test hosts (Linux, root: bench/bench-hosts.ts):
+//                          each of its four Keel processes in a network namespace of its own, every
+//                          packet into or out of it delayed BENCH_HOST_LINK_MS (1): a round trip to
+//                          Postgres, Redis or a client 2 × that longer. The bench's private cluster
+//                          and a Redis of the bench's own listen on the bench's address on that
+//                          network (the Keel processes connect over TCP). Needs BENCH_KEEL_TOPOLOGY
+//                          =split and BENCH_POSTGRES=private; off (0) by default
 //   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
 //                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
 //   BENCH_TOP_STATEMENTS   N: after each Keel target's run, print the N statements that took the most of
@@ -267,11 +275,26 @@ const cpuEnabled = knobs.flag('BENCH_CPU');
 if (cpuEnabled && platform() !== 'linux') fail('BENCH_CPU: reads /proc, so Linux only');
 const keelNodeArgs = (process.env.BENCH_KEEL_NODE_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
+const acrossHosts = knobs.flag('BENCH_KEEL_HOSTS');
+const hostLinkMs = knobs.nonNegative('BENCH_HOST_LINK_MS', 1);
+if (acrossHosts && (topologies.length !== 1 || topologies[0] !== 'split')) fail('BENCH_KEEL_HOSTS: the hosts mode runs the split topology only (BENCH_KEEL_TOPOLOGY=split)');
+if (acrossHosts && !usePrivatePostgres) fail('BENCH_KEEL_HOSTS: the Keel hosts reach the private cluster only (BENCH_POSTGRES=private)');
+/** The test hosts of the hosts mode, once started. */
+let benchHosts: BenchHosts | null = null;
+if (acrossHosts) TOPOLOGY_DESCRIPTION.split += ` across 4 test hosts, every Keel host's link delayed ${hostLinkMs} ms each way (Postgres, Redis and the clients on the bench's host)`;
 /** The server the bench databases are created on: the machine's, or the private cluster once started. */
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
 /** A bench database's URL as the servers under test get it: through the private cluster's socket or over TCP (BENCH_POSTGRES_TRANSPORT). */
-const serverDatabaseUrl = (url: string): string => (postgresTransport === 'socket' && privatePostgres?.socketUrl ? privatePostgres.socketUrl(url) : url);
+const serverDatabaseUrl = (url: string): string => {
+  if (benchHosts) {
+    // Over TCP to the cluster's address on the hosts' network.
+    const parsed = new URL(url);
+    parsed.hostname = benchHosts.address;
+    return parsed.toString();
+  }
+  return postgresTransport === 'socket' && privatePostgres?.socketUrl ? privatePostgres.socketUrl(url) : url;
+};
 // ---------------------------------------------------------------------------------------------
 // Interruption and child processes (bench/keel-harness.ts): every child runs in a process group of
 // its own and is on the clean-up watchdog's list, as are the private cluster, the bench databases
@@ -1117,7 +1140,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       KEEL_CONFIG: configFile,
       KEEL_DATABASE_URL: serverDatabaseUrl(databaseUrl),
       KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
-      KEEL_SERVER_HOST: '127.0.0.1',
+      KEEL_SERVER_HOST: benchHosts ? '0.0.0.0' : '127.0.0.1',
       KEEL_DATA_DIR: dataDir,
       KEEL_AUTH_MODE: keelAuthMode,
       KEEL_QUEUE_PREFIX: queuePrefix,
@@ -1126,7 +1149,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     delete env.KEEL_SERVER_PORT;
     delete env.KEEL_QUEUE_REDIS_URL;
     delete env.KEEL_SECURITY_MASTER_KEY_FILE;
-    if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
+    if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = benchHosts?.redisUrl ?? redisUrl;
 
     const roles: KeelRole[] = topology === 'single' ? ['all'] : ['api', 'api', 'worker', 'worker'];
     const nodes: KeelNode[] = [];
@@ -1146,13 +1169,18 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         headers.authorization = `Bearer ${token}`;
       }
 
-      const ports = await freePorts(roles.length);
+      const ports = benchHosts ? roles.map(() => 8080) : await freePorts(roles.length);
       const startedAt = Date.now();
       const starting = roles.map(async (role, index) => {
         const port = ports[index]!;
-        const origin = `http://127.0.0.1:${port}`;
-        const name = topology === 'single' ? 'Keel' : `Keel --role ${role} :${port}`;
-        const child = new ManagedChild(name, process.execPath, [...keelNodeArgs, keelBin, 'start', '--role', role], { env: { ...env, KEEL_SERVER_PORT: String(port) } });
+        // In the hosts mode each process on a host of its own (`ip netns exec` execs node: the child is Keel).
+        const host = benchHosts?.hosts[index];
+        const origin = `http://${host?.address ?? '127.0.0.1'}:${port}`;
+        const name = topology === 'single' ? 'Keel' : `Keel --role ${role} ${host ? `on ${host.name} ` : ''}:${port}`;
+        const command = [...keelNodeArgs, keelBin, 'start', '--role', role];
+        const child = host
+          ? new ManagedChild(name, 'ip', ['netns', 'exec', host.netns, process.execPath, ...command], { env: { ...env, KEEL_SERVER_PORT: String(port) } })
+          : new ManagedChild(name, process.execPath, command, { env: { ...env, KEEL_SERVER_PORT: String(port) } });
         nodes.push({ role, port, origin, child });
         await waitUntilReady(child, `${origin}/readyz`, 90_000);
         return { role, port, readyMs: Date.now() - startedAt };
@@ -1217,7 +1245,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     } finally {
       // All at once: the APIs' blocking waits are over (the load has drained), the workers drain their own.
       await Promise.all(nodes.map((node) => node.child.stop(15_000)));
-      if (queue === 'redis') await dropRedisKeys(queuePrefix);
+      if (queue === 'redis' && !benchHosts) await dropRedisKeys(queuePrefix);
       rmSync(dataDir, { recursive: true, force: true });
       unguard({ kind: 'dir', path: dataDir });
     }
@@ -1788,6 +1816,19 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
 // ---------------------------------------------------------------------------------------------
 
 async function main(): Promise<number> {
+  if (acrossHosts) {
+    benchHosts = await startBenchHosts(hostLinkMs);
+    process.stderr.write(`bench:a2a: the split topology across 4 test hosts on ${benchHosts.cidr}, links delayed ${hostLinkMs} ms each way\n`);
+  }
+  try {
+    return await mainOnHosts();
+  } finally {
+    await benchHosts?.stop();
+    benchHosts = null;
+  }
+}
+
+async function mainOnHosts(): Promise<number> {
   if (usePrivatePostgres) {
     process.stderr.write('bench:a2a: starting a private Postgres cluster ...');
     // The machine's server is the model (version, settings) when it answers; the cluster starts without it too.
@@ -1799,6 +1840,7 @@ async function main(): Promise<number> {
       signal: interrupted.signal,
       onDataDir: (path) => guard({ kind: 'dir', path }),
       onServer: (pid, dir) => guard({ kind: 'postgres', pid, dir }),
+      ...(benchHosts ? { network: { address: benchHosts.address, cidr: benchHosts.cidr } } : {}),
     });
     adminUrl = privatePostgres.adminUrl;
     if (postgresTransport === 'socket' && privatePostgres.socketUrl === null) {
