@@ -134,7 +134,7 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          Postgres, Redis or a client 2 × that longer. The bench's private cluster
 //                          and a Redis of the bench's own listen on the bench's address on that
 //                          network (the Keel processes connect over TCP). Needs BENCH_KEEL_TOPOLOGY
-//                          =split and BENCH_POSTGRES=private; off (0) by default
+//                          =split and BENCH_POSTGRES=private (its transport is then tcp); off (0) by default
 //   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
 //                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
 //   BENCH_TOP_STATEMENTS   N: after each Keel target's run, print the N statements that took the most of
@@ -267,7 +267,9 @@ const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', 
 const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
 const usePrivatePostgres = knobs.choice<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']) === 'private';
-const postgresTransport = knobs.choice<'socket' | 'tcp'>('BENCH_POSTGRES_TRANSPORT', usePrivatePostgres ? 'socket' : 'tcp', ['socket', 'tcp']);
+const acrossHosts = knobs.flag('BENCH_KEEL_HOSTS');
+const postgresTransport = knobs.choice<'socket' | 'tcp'>('BENCH_POSTGRES_TRANSPORT', usePrivatePostgres && !acrossHosts ? 'socket' : 'tcp', ['socket', 'tcp']);
+if (acrossHosts && postgresTransport === 'socket') fail('BENCH_KEEL_HOSTS: the Keel hosts reach the private cluster over TCP (BENCH_POSTGRES_TRANSPORT=tcp)');
 if (postgresTransport === 'socket' && !usePrivatePostgres) fail('BENCH_POSTGRES_TRANSPORT=socket: only the private cluster\'s socket is known to the bench (BENCH_POSTGRES=private)');
 const privateMaxConnections = knobs.positive('BENCH_PG_MAX_CONNECTIONS', 500);
 const settleSeconds = knobs.nonNegative('BENCH_PG_SETTLE_SECONDS', 11);
@@ -275,7 +277,6 @@ const cpuEnabled = knobs.flag('BENCH_CPU');
 if (cpuEnabled && platform() !== 'linux') fail('BENCH_CPU: reads /proc, so Linux only');
 const keelNodeArgs = (process.env.BENCH_KEEL_NODE_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
-const acrossHosts = knobs.flag('BENCH_KEEL_HOSTS');
 const hostLinkMs = knobs.nonNegative('BENCH_HOST_LINK_MS', 1);
 if (acrossHosts && (topologies.length !== 1 || topologies[0] !== 'split')) fail('BENCH_KEEL_HOSTS: the hosts mode runs the split topology only (BENCH_KEEL_TOPOLOGY=split)');
 if (acrossHosts && !usePrivatePostgres) fail('BENCH_KEEL_HOSTS: the Keel hosts reach the private cluster only (BENCH_POSTGRES=private)');
@@ -1330,7 +1331,7 @@ type PostgresInfo = { kind: 'private' | 'machine'; transport: 'socket' | 'tcp'; 
 
 function postgresLine(info: PostgresInfo): string {
   return info.kind === 'private'
-    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'}); the servers reach it ${info.transport === 'socket' ? 'through its Unix socket' : 'over loopback TCP'}`
+    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'}); the servers reach it ${info.transport === 'socket' ? 'through its Unix socket' : acrossHosts ? 'over TCP from the test hosts' : 'over loopback TCP'}`
     : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it, over loopback TCP`;
 }
 
@@ -1849,7 +1850,7 @@ async function mainOnHosts(): Promise<number> {
       fail(`BENCH_POSTGRES_TRANSPORT=socket: the private cluster's data directory ${privatePostgres.dataDir} is too long a path for a Unix socket; set a shorter TMPDIR, or BENCH_POSTGRES_TRANSPORT=tcp`);
     }
     process.stderr.write(
-      ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : 'over loopback TCP'}\n`,
+      ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : benchHosts ? `over TCP to ${benchHosts.address} from their hosts` : 'over loopback TCP'}\n`,
     );
   }
   try {

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { BACKEND } from './support/installation.js';
-import { finishHostScenario, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
+import { finishHostScenario, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
 import { HOSTS_UNAVAILABLE, useHostSuite } from './support/host-suite.js';
-import { expectClean, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
+import { expectClean, until } from './support/scenario.js';
 import { sleep } from './support/services.js';
 
 // Across test hosts, on the Redis queue backend: an API host partitioned from the Redis host (it
@@ -87,6 +87,6 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null || BACKEND !== 'redis')('an API host 
       expectClean(counts, cluster.installation);
       expect(hostProblems(counts)).toEqual([]);
     },
-    SCENARIO_TIMEOUT_MS,
+    HOST_SCENARIO_TIMEOUT_MS,
   );
 });

@@ -2,9 +2,9 @@ import { sql } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { BACKEND } from './support/installation.js';
-import { finishHostScenario, HOST_LEASE_SECONDS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
+import { finishHostScenario, HOST_LEASE_SECONDS, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
 import { HOSTS_UNAVAILABLE, useHostSuite } from './support/host-suite.js';
-import { expectClean, SCENARIO_TIMEOUT_MS, until } from './support/scenario.js';
+import { expectClean, until } from './support/scenario.js';
 import { sleep } from './support/services.js';
 
 // Across test hosts: the Postgres host cut off from everything (its link down: no packet in or
@@ -46,6 +46,6 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null)(`the Postgres host cut off on the ${
       expectClean(counts, cluster.installation);
       expect(hostProblems(counts)).toEqual([]);
     },
-    SCENARIO_TIMEOUT_MS,
+    HOST_SCENARIO_TIMEOUT_MS,
   );
 });

@@ -2,9 +2,9 @@ import { sql } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { BACKEND } from './support/installation.js';
-import { finishHostScenario, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
+import { finishHostScenario, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
 import { HOSTS_UNAVAILABLE, useHostSuite } from './support/host-suite.js';
-import { expectClean, SCENARIO_TIMEOUT_MS } from './support/scenario.js';
+import { expectClean } from './support/scenario.js';
 import { sleep } from './support/services.js';
 
 // Across test hosts: every packet from either worker host to the Postgres host delayed 100 ms
@@ -43,6 +43,6 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null)(`a slow, lossy link between the work
       expectClean(counts, cluster.installation);
       expect(hostProblems(counts)).toEqual([]);
     },
-    SCENARIO_TIMEOUT_MS,
+    HOST_SCENARIO_TIMEOUT_MS,
   );
 });

@@ -4,6 +4,7 @@ import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { TEST_TOOLS_MODULE } from '../../support/run-helpers.js';
 import { countScenario, waitForQuiet, type ScenarioCounts } from './counts.js';
+import { progress } from './scenario.js';
 import { BACKEND } from './installation.js';
 import { settleClients, startLoad, type Load, type LoadOptions } from './load.js';
 import type { Cluster, HostSuite } from './host-suite.js';
@@ -19,6 +20,13 @@ import { openTempDir } from './services.js';
 // backlog after the fault was healed.
 
 export const HOST_LEASE_SECONDS = 6;
+
+/**
+ * A host scenario's bound: six Keel processes started one after another (a minute and more on a
+ * loaded two-core machine), the fault, and the drain (up to 180 s for the clients to read every
+ * task terminal, 120 s more for the last deliveries).
+ */
+export const HOST_SCENARIO_TIMEOUT_MS = 480_000;
 
 /**
  * The longest a run held by a worker cut off from Postgres stays its own: its queue job's lock
@@ -130,10 +138,13 @@ export async function finishHostScenario(input: {
   faults: Record<string, unknown>;
 }): Promise<HostCounts> {
   const { installation } = input.state.cluster;
+  const verbose = process.env.KEEL_FAULTS_VERBOSE ? setInterval(() => void progress(input.state.pool, input.startedAt).catch(() => undefined), 2000) : null;
   await input.load.done;
-  await settleClients(input.load, () => installation.apiUrls(), installation.token, hostExpected, 120_000);
+  await settleClients(input.load, () => installation.apiUrls(), installation.token, hostExpected, 180_000);
   const quiet = await waitForQuiet(input.state.pool, 120_000);
   const drainAfterHealMs = Date.now() - input.healedAt;
+  if (verbose) clearInterval(verbose);
+  if (!quiet) console.info(`[faults] ${input.scenario} (${BACKEND}) not quiet ${Math.round(drainAfterHealMs / 1000)} s after the heal:\n${installation.logs(60)}`);
   const again = await twice(input.state.pool, input.state.chargeLog);
   const counts = await countScenario({
     scenario: input.scenario,
