@@ -24,9 +24,9 @@ export const HOST_LEASE_SECONDS = 6;
 /**
  * A host scenario's bound: six Keel processes started one after another (a minute and more on a
  * loaded two-core machine), the fault, and the drain (up to 180 s for the clients to read every
- * task terminal, 120 s more for the last deliveries).
+ * task terminal, 240 s more for the last deliveries: on a loaded machine a few a second).
  */
-export const HOST_SCENARIO_TIMEOUT_MS = 480_000;
+export const HOST_SCENARIO_TIMEOUT_MS = 600_000;
 
 /**
  * The longest a run held by a worker cut off from Postgres stays its own: its queue job's lock
@@ -86,7 +86,7 @@ export async function startHostScenario(suite: HostSuite, options: { env?: Recor
 
 /**
  * The clients: `count` tasks at `rate`/s over both API hosts (or those `apis` names at the time),
- * every sixth to `charge`, every third with a push config.
+ * every sixth to `charge` (index 5 mod 6), every sixth with a push config (index 0 mod 6).
  */
 export function startHostLoad(suite: HostSuite, scenario: HostScenario, options: { count?: number; rate?: number; apis?: () => string[] } = {}): Load {
   const { installation } = scenario.cluster;
@@ -99,7 +99,7 @@ export function startHostLoad(suite: HostSuite, scenario: HostScenario, options:
     maxInFlight: 60,
     agentOf: (index) => (index % 6 === 5 ? 'charge' : 'model'),
     pushUrl: suite.receiver.url,
-    pushFor: (index) => index % 3 === 0,
+    pushFor: (index) => index % 6 === 0,
     expected: hostExpected,
   });
 }
@@ -141,7 +141,7 @@ export async function finishHostScenario(input: {
   const verbose = process.env.KEEL_FAULTS_VERBOSE ? setInterval(() => void progress(input.state.pool, input.startedAt).catch(() => undefined), 2000) : null;
   await input.load.done;
   await settleClients(input.load, () => installation.apiUrls(), installation.token, hostExpected, 180_000);
-  const quiet = await waitForQuiet(input.state.pool, 120_000);
+  const quiet = await waitForQuiet(input.state.pool, 240_000);
   const drainAfterHealMs = Date.now() - input.healedAt;
   if (verbose) clearInterval(verbose);
   if (!quiet) console.info(`[faults] ${input.scenario} (${BACKEND}) not quiet ${Math.round(drainAfterHealMs / 1000)} s after the heal:\n${installation.logs(60)}`);
