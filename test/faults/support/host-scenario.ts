@@ -143,6 +143,8 @@ export async function finishHostScenario(input: {
   await settleClients(input.load, () => installation.apiUrls(), installation.token, hostExpected, 180_000);
   const quiet = await waitForQuiet(input.state.pool, 240_000);
   const drainAfterHealMs = Date.now() - input.healedAt;
+  // A backlog that outlasted the clients' reading: what they read once the database is quiet.
+  await settleClients(input.load, () => installation.apiUrls(), installation.token, hostExpected, 30_000);
   if (verbose) clearInterval(verbose);
   if (!quiet) console.info(`[faults] ${input.scenario} (${BACKEND}) not quiet ${Math.round(drainAfterHealMs / 1000)} s after the heal:\n${installation.logs(60)}`);
   const again = await twice(input.state.pool, input.state.chargeLog);
