@@ -11,15 +11,15 @@ import { sleep } from './support/services.js';
 // than its lease, until the other worker has taken at least one of its runs over, then healed.
 // The issue's figures are a 90 s partition against the 60 s production lease (a cut-off worker's
 // runs are taken over within 90 s: TAKEOVER_MS); here the lease is 6 s, the partition lasts at
-// least TAKEOVER_MS (18 s) and at most 60 s (ten leases), and ends as soon as a run was taken over
-// after that, so the file takes a minute or two, not several. The worker is cut off while it holds
+// least TAKEOVER_MS (18 s) and ends once a run was taken over, at most after 90 s (the issue's
+// partition; the takeover was seen after 60 s, docs/reliability.md). The worker is cut off while it holds
 // runs, if it can one of them inside the non-idempotent `charge` step: the other worker takes them
 // over (requeued and run again, or dead-lettered for the non-idempotent step), and what the
 // partitioned worker writes when it reaches Postgres again must be refused (its lease is gone).
 // Every accepted task ends terminal with its result or reason; no run is completed twice, no
 // charge made twice, no event pushed under two delivery ids.
 
-const MAX_PARTITION_MS = 60_000;
+const MAX_PARTITION_MS = 90_000;
 
 const suite = useHostSuite({ receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
 
