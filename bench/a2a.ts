@@ -41,6 +41,7 @@ import {
   writeBenchJson,
   type InterruptOptions,
 } from './keel-harness.js';
+import { startBenchHosts, type BenchHosts } from './bench-hosts.js';
 import { startPrivatePostgres, type PrivatePostgres } from './private-postgres.js';
 import { ADMIN_URL, fmt, percentile } from './support.js';
 
@@ -132,6 +133,13 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //                          shared with anything else using it), and the load generator (this
 //                          process). A column in the table (the total), a breakdown below it, a
 //                          line after each measurement, and `cpu` in the JSON. Off (0) by default
+//   BENCH_KEEL_HOSTS       1: the split topology across test hosts (Linux, root: bench/bench-hosts.ts):
+//                          each of its four Keel processes in a network namespace of its own, every
+//                          packet into or out of it delayed BENCH_HOST_LINK_MS (1): a round trip to
+//                          Postgres, Redis or a client 2 × that longer. The bench's private cluster
+//                          and a Redis of the bench's own listen on the bench's address on that
+//                          network (the Keel processes connect over TCP). Needs BENCH_KEEL_TOPOLOGY
+//                          =split and BENCH_POSTGRES=private (its transport is then tcp); off (0) by default
 //   BENCH_KEEL_NODE_ARGS   node flags for the `keel start` processes only, space-separated, e.g.
 //                          "--cpu-prof --cpu-prof-dir=/tmp/p" (relative paths: from the repo root)
 //   BENCH_TOP_STATEMENTS   N: after each Keel target's run, print the N statements that took the most of
@@ -268,7 +276,9 @@ const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', 
 const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
 const usePrivatePostgres = knobs.choice<'private' | 'machine'>('BENCH_POSTGRES', 'private', ['private', 'machine']) === 'private';
-const postgresTransport = knobs.choice<'socket' | 'tcp'>('BENCH_POSTGRES_TRANSPORT', usePrivatePostgres ? 'socket' : 'tcp', ['socket', 'tcp']);
+const acrossHosts = knobs.flag('BENCH_KEEL_HOSTS');
+const postgresTransport = knobs.choice<'socket' | 'tcp'>('BENCH_POSTGRES_TRANSPORT', usePrivatePostgres && !acrossHosts ? 'socket' : 'tcp', ['socket', 'tcp']);
+if (acrossHosts && postgresTransport === 'socket') fail('BENCH_KEEL_HOSTS: the Keel hosts reach the private cluster over TCP (BENCH_POSTGRES_TRANSPORT=tcp)');
 if (postgresTransport === 'socket' && !usePrivatePostgres) fail('BENCH_POSTGRES_TRANSPORT=socket: only the private cluster\'s socket is known to the bench (BENCH_POSTGRES=private)');
 const privateMaxConnections = knobs.positive('BENCH_PG_MAX_CONNECTIONS', 500);
 const settleSeconds = knobs.nonNegative('BENCH_PG_SETTLE_SECONDS', 11);
@@ -276,11 +286,25 @@ const cpuEnabled = knobs.flag('BENCH_CPU');
 if (cpuEnabled && platform() !== 'linux') fail('BENCH_CPU: reads /proc, so Linux only');
 const keelNodeArgs = (process.env.BENCH_KEEL_NODE_ARGS ?? '').split(/\s+/).filter((arg) => arg !== '');
 const logStatements = knobs.flag('BENCH_LOG_STATEMENTS');
+const hostLinkMs = knobs.nonNegative('BENCH_HOST_LINK_MS', 1);
+if (acrossHosts && (topologies.length !== 1 || topologies[0] !== 'split')) fail('BENCH_KEEL_HOSTS: the hosts mode runs the split topology only (BENCH_KEEL_TOPOLOGY=split)');
+if (acrossHosts && !usePrivatePostgres) fail('BENCH_KEEL_HOSTS: the Keel hosts reach the private cluster only (BENCH_POSTGRES=private)');
+/** The test hosts of the hosts mode, once started. */
+let benchHosts: BenchHosts | null = null;
+if (acrossHosts) TOPOLOGY_DESCRIPTION.split += ` across 4 test hosts, every Keel host's link delayed ${hostLinkMs} ms each way (Postgres, Redis and the clients on the bench's host)`;
 /** The server the bench databases are created on: the machine's, or the private cluster once started. */
 let adminUrl = ADMIN_URL;
 let privatePostgres: PrivatePostgres | null = null;
 /** A bench database's URL as the servers under test get it: through the private cluster's socket or over TCP (BENCH_POSTGRES_TRANSPORT). */
-const serverDatabaseUrl = (url: string): string => (postgresTransport === 'socket' && privatePostgres?.socketUrl ? privatePostgres.socketUrl(url) : url);
+const serverDatabaseUrl = (url: string): string => {
+  if (benchHosts) {
+    // Over TCP to the cluster's address on the hosts' network.
+    const parsed = new URL(url);
+    parsed.hostname = benchHosts.address;
+    return parsed.toString();
+  }
+  return postgresTransport === 'socket' && privatePostgres?.socketUrl ? privatePostgres.socketUrl(url) : url;
+};
 // ---------------------------------------------------------------------------------------------
 // Interruption and child processes (bench/keel-harness.ts): every child runs in a process group of
 // its own and is on the clean-up watchdog's list, as are the private cluster, the bench databases
@@ -1149,7 +1173,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
       KEEL_CONFIG: configFile,
       KEEL_DATABASE_URL: serverDatabaseUrl(databaseUrl),
       KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
-      KEEL_SERVER_HOST: '127.0.0.1',
+      KEEL_SERVER_HOST: benchHosts ? '0.0.0.0' : '127.0.0.1',
       KEEL_DATA_DIR: dataDir,
       KEEL_AUTH_MODE: keelAuthMode,
       KEEL_QUEUE_PREFIX: queuePrefix,
@@ -1158,7 +1182,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     delete env.KEEL_SERVER_PORT;
     delete env.KEEL_QUEUE_REDIS_URL;
     delete env.KEEL_SECURITY_MASTER_KEY_FILE;
-    if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = redisUrl;
+    if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = benchHosts?.redisUrl ?? redisUrl;
     // Tracing is what BENCH_TRACING says, whatever OTEL_* or KEEL_TELEMETRY_* the bench was started with.
     for (const name of Object.keys(env)) if (name.startsWith('OTEL_') || name.startsWith('KEEL_TELEMETRY_')) delete env[name];
     const sink = tracing === 'sdk' ? await startOtlpSink() : null;
@@ -1182,13 +1206,18 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         headers.authorization = `Bearer ${token}`;
       }
 
-      const ports = await freePorts(roles.length);
+      const ports = benchHosts ? roles.map(() => 8080) : await freePorts(roles.length);
       const startedAt = Date.now();
       const starting = roles.map(async (role, index) => {
         const port = ports[index]!;
-        const origin = `http://127.0.0.1:${port}`;
-        const name = topology === 'single' ? 'Keel' : `Keel --role ${role} :${port}`;
-        const child = new ManagedChild(name, process.execPath, [...keelNodeArgs, keelBin, 'start', '--role', role], { env: { ...env, KEEL_SERVER_PORT: String(port) } });
+        // In the hosts mode each process on a host of its own (`ip netns exec` execs node: the child is Keel).
+        const host = benchHosts?.hosts[index];
+        const origin = `http://${host?.address ?? '127.0.0.1'}:${port}`;
+        const name = topology === 'single' ? 'Keel' : `Keel --role ${role} ${host ? `on ${host.name} ` : ''}:${port}`;
+        const command = [...keelNodeArgs, keelBin, 'start', '--role', role];
+        const child = host
+          ? new ManagedChild(name, 'ip', ['netns', 'exec', host.netns, process.execPath, ...command], { env: { ...env, KEEL_SERVER_PORT: String(port) } })
+          : new ManagedChild(name, process.execPath, command, { env: { ...env, KEEL_SERVER_PORT: String(port) } });
         nodes.push({ role, port, origin, child });
         await waitUntilReady(child, `${origin}/readyz`, 90_000);
         return { role, port, readyMs: Date.now() - startedAt };
@@ -1259,7 +1288,7 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
         if (stats) result.notes.push(`round ${currentRound}: the OTLP sink received ${stats.requests} export requests, ${fmt(stats.bytes / 1024 / 1024, 1)} MiB of spans`);
         await sink.child.stop(5_000);
       }
-      if (queue === 'redis') await dropRedisKeys(queuePrefix);
+      if (queue === 'redis' && !benchHosts) await dropRedisKeys(queuePrefix);
       rmSync(dataDir, { recursive: true, force: true });
       unguard({ kind: 'dir', path: dataDir });
     }
@@ -1348,7 +1377,7 @@ type PostgresInfo = { kind: 'private' | 'machine'; transport: 'socket' | 'tcp'; 
 
 function postgresLine(info: PostgresInfo): string {
   return info.kind === 'private'
-    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'}); the servers reach it ${info.transport === 'socket' ? 'through its Unix socket' : 'over loopback TCP'}`
+    ? `Postgres: a private cluster for this run (max_connections ${info.maxConnections}; from the machine's server: ${info.settings.join(', ') || 'no settings copied'}); the servers reach it ${info.transport === 'socket' ? 'through its Unix socket' : acrossHosts ? 'over TCP from the test hosts' : 'over loopback TCP'}`
     : `Postgres: the machine's server at ${new URL(ADMIN_URL).host} (max_connections ${info.maxConnections}), shared with whatever else runs on it, over loopback TCP`;
 }
 
@@ -1895,6 +1924,19 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
 // ---------------------------------------------------------------------------------------------
 
 async function main(): Promise<number> {
+  if (acrossHosts) {
+    benchHosts = await startBenchHosts(hostLinkMs);
+    process.stderr.write(`bench:a2a: the split topology across 4 test hosts on ${benchHosts.cidr}, links delayed ${hostLinkMs} ms each way\n`);
+  }
+  try {
+    return await mainOnHosts();
+  } finally {
+    await benchHosts?.stop();
+    benchHosts = null;
+  }
+}
+
+async function mainOnHosts(): Promise<number> {
   if (usePrivatePostgres) {
     process.stderr.write('bench:a2a: starting a private Postgres cluster ...');
     // The machine's server is the model (version, settings) when it answers; the cluster starts without it too.
@@ -1906,6 +1948,7 @@ async function main(): Promise<number> {
       signal: interrupted.signal,
       onDataDir: (path) => guard({ kind: 'dir', path }),
       onServer: (pid, dir) => guard({ kind: 'postgres', pid, dir }),
+      ...(benchHosts ? { network: { address: benchHosts.address, cidr: benchHosts.cidr } } : {}),
     });
     adminUrl = privatePostgres.adminUrl;
     if (postgresTransport === 'socket' && privatePostgres.socketUrl === null) {
@@ -1914,7 +1957,7 @@ async function main(): Promise<number> {
       fail(`BENCH_POSTGRES_TRANSPORT=socket: the private cluster's data directory ${privatePostgres.dataDir} is too long a path for a Unix socket; set a shorter TMPDIR, or BENCH_POSTGRES_TRANSPORT=tcp`);
     }
     process.stderr.write(
-      ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : 'over loopback TCP'}\n`,
+      ` PostgreSQL ${privatePostgres.version} on ${new URL(adminUrl).host}; the servers connect ${postgresTransport === 'socket' ? `through its Unix socket in ${privatePostgres.dataDir}` : benchHosts ? `over TCP to ${benchHosts.address} from their hosts` : 'over loopback TCP'}\n`,
     );
   }
   try {

@@ -1,5 +1,5 @@
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { appendFileSync, chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -72,6 +72,12 @@ export type PrivatePostgresOptions = {
   /** Told of the data directory as soon as it exists, and of the server's pid as soon as it runs (for a clean-up watchdog). */
   onDataDir?: (dir: string) => void;
   onServer?: (pid: number, dir: string) => void;
+  /**
+   * One more address to listen on, and the network (CIDR) trusted on it: the test hosts' network of
+   * bench:a2a's hosts mode (BENCH_KEEL_HOSTS), whose Keel processes connect over TCP from other
+   * network namespaces.
+   */
+  network?: { address: string; cidr: string };
 };
 
 async function freePort(): Promise<number> {
@@ -149,6 +155,7 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
     const stderr = String((error as { stderr?: unknown }).stderr ?? '').trim();
     throw new Error(`initdb failed: ${stderr || (error as Error).message}`);
   }
+  if (options.network) appendFileSync(join(dataDir, 'pg_hba.conf'), `host all all ${options.network.cidr} trust\n`);
 
   const port = await freePort();
   // A socket's path holds at most 107 bytes (sun_path); a longer TMPDIR leaves the cluster on TCP only.
@@ -160,7 +167,7 @@ export async function startPrivatePostgres(options: PrivatePostgresOptions = {})
     '-c',
     `port=${port}`,
     '-c',
-    'listen_addresses=127.0.0.1',
+    `listen_addresses=127.0.0.1${options.network ? `,${options.network.address}` : ''}`,
     '-c',
     // The data directory: the server's own, private, and a short path (a socket path has 107 bytes).
     `unix_socket_directories=${socketFits ? dataDir : ''}`,

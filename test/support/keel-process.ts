@@ -27,9 +27,13 @@ export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv 
  * A `keel` child. With `harness` (test push timings), it runs through the harness's entry, which
  * hands them to `keel start` as an argument: no environment variable or flag of `keel` carries them.
  */
-export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv; harness?: HarnessStartOptions }): KeelProcess {
+export function spawnKeel(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv; harness?: HarnessStartOptions; netns?: string }): KeelProcess {
   const command = options.harness ? [KEEL_HARNESS_ENTRY, JSON.stringify(options.harness), ...args] : [KEEL_BIN, ...args];
-  const child = spawn(process.execPath, command, { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
+  // In a network namespace (a test host): `ip netns exec` enters it and execs node, so the child's
+  // pid is node's own (a signal to it reaches Keel).
+  const child = options.netns
+    ? spawn('ip', ['netns', 'exec', options.netns, process.execPath, ...command], { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] })
+    : spawn(process.execPath, command, { cwd: options.cwd, env: options.env, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
   const waiters: Array<{ match: (line: Record<string, unknown>) => boolean; resolve: (line: Record<string, unknown>) => void }> = [];
   const onLine = (line: string) => {

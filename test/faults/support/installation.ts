@@ -48,6 +48,9 @@ export const FAULT_TIMINGS: Record<string, string> = {
  */
 export const FAULT_PUSH_TEST_TIMINGS: PushTestTimings = { timeoutSeconds: 1 };
 
+/** Where a node runs when not on the machine's own network: a test host's namespace and address. */
+export type NodePlacement = { netns: string; address: string };
+
 export class KeelNode {
   proc: KeelProcess | null = null;
   readonly url: string;
@@ -61,8 +64,10 @@ export class KeelNode {
     readonly dataDir: string,
     private readonly env: Record<string, string>,
     private readonly pushTestTimings: PushTestTimings = FAULT_PUSH_TEST_TIMINGS,
+    /** A test host (test/faults/support/test-network.ts): the process runs in its namespace. */
+    readonly placement: NodePlacement | null = null,
   ) {
-    this.url = `http://127.0.0.1:${port}`;
+    this.url = `http://${placement?.address ?? '127.0.0.1'}:${port}`;
   }
 
   get alive(): boolean {
@@ -79,6 +84,7 @@ export class KeelNode {
       cwd: this.dataDir,
       env: cleanEnv({ ...this.env, KEEL_LOG_LEVEL: 'warn' }),
       harness: { pushTestTimings: this.pushTestTimings },
+      ...(this.placement ? { netns: this.placement.netns } : {}),
     });
     this.proc = proc;
     this.generations.push(proc);
@@ -123,10 +129,10 @@ export class KeelNode {
 }
 
 export type InstallationOptions = {
-  /** A database of the suite's private Postgres; null: Keel's own embedded Postgres in its data directory. */
-  postgres: PrivatePostgres | null;
-  /** The private Redis (the Redis queue backend), or null for BullMQ on Postgres. */
-  redis: PrivateRedis | null;
+  /** A database of the suite's private Postgres (or a test host's); null: Keel's own embedded Postgres in its data directory. */
+  postgres: Pick<PrivatePostgres, 'createDatabase'> | null;
+  /** The private Redis (the Redis queue backend, or a test host's), or null for BullMQ on Postgres. */
+  redis: Pick<PrivateRedis, 'url'> | null;
   model: FakeModel;
   env?: Record<string, string>;
   /** Push timings beyond the configuration's bounds, over FAULT_PUSH_TEST_TIMINGS. */
@@ -185,10 +191,17 @@ export class Installation {
     return this.poolPromise;
   }
 
-  async addNode(role: Role, extraEnv: Record<string, string> = {}, port?: number): Promise<KeelNode> {
-    port ??= await freePort();
-    const env = { ...this.env, KEEL_SERVER_PORT: String(port), KEEL_DATA_DIR: this.embedded ? this.dataDir : openTempDir('keel-faults-node-'), ...extraEnv };
-    const node = new KeelNode(role, port, this.embedded ? this.dataDir : env.KEEL_DATA_DIR!, env, { ...FAULT_PUSH_TEST_TIMINGS, ...this.options.pushTestTimings });
+  /** A node; with `placement`, on a test host (listening on every address of its namespace, at `port` or 8080). */
+  async addNode(role: Role, extraEnv: Record<string, string> = {}, port?: number, placement?: NodePlacement): Promise<KeelNode> {
+    port ??= placement ? 8080 : await freePort();
+    const env = {
+      ...this.env,
+      KEEL_SERVER_PORT: String(port),
+      ...(placement ? { KEEL_SERVER_HOST: '0.0.0.0' } : {}),
+      KEEL_DATA_DIR: this.embedded ? this.dataDir : openTempDir('keel-faults-node-'),
+      ...extraEnv,
+    };
+    const node = new KeelNode(role, port, this.embedded ? this.dataDir : env.KEEL_DATA_DIR!, env, { ...FAULT_PUSH_TEST_TIMINGS, ...this.options.pushTestTimings }, placement ?? null);
     this.nodes.push(node);
     await node.start();
     if (this.embedded) await this.afterEmbeddedStart();

@@ -8,12 +8,13 @@ import type { AddressInfo, Socket } from 'node:net';
 
 type Closable = { close: () => Promise<void> };
 
-async function listen(server: Server, sockets: Set<Socket>): Promise<{ port: number; close: () => Promise<void> }> {
+/** Listens on `host` (127.0.0.1, or the test's own address on a test network). */
+async function listen(server: Server, sockets: Set<Socket>, host = '127.0.0.1'): Promise<{ port: number; close: () => Promise<void> }> {
   server.on('connection', (socket) => {
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(0, host, resolve));
   return {
     port: (server.address() as AddressInfo).port,
     close: async () => {
@@ -35,7 +36,7 @@ function readBody(request: IncomingMessage): Promise<string> {
 export type FakeModel = Closable & { baseUrl: string; calls: () => number };
 
 /** POST /v1/chat/completions → "echo: <last user message>" after minDelayMs..maxDelayMs. */
-export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: number }): Promise<FakeModel> {
+export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: number; host?: string }): Promise<FakeModel> {
   let calls = 0;
   const server = createServer((request, response) => {
     void (async () => {
@@ -64,8 +65,9 @@ export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: 
     })();
   });
   const sockets = new Set<Socket>();
-  const { port, close } = await listen(server, sockets);
-  return { baseUrl: `http://127.0.0.1:${port}/v1`, calls: () => calls, close };
+  const host = options.host ?? '127.0.0.1';
+  const { port, close } = await listen(server, sockets, host);
+  return { baseUrl: `http://${host}:${port}/v1`, calls: () => calls, close };
 }
 
 /** What the receiver does with one request. */
@@ -91,7 +93,7 @@ export type PushReceiver = Closable & {
   setPolicy: (policy: () => ReceiverAction) => void;
 };
 
-export async function startPushReceiver(policy: () => ReceiverAction = () => ({ kind: 'ok' })): Promise<PushReceiver> {
+export async function startPushReceiver(policy: () => ReceiverAction = () => ({ kind: 'ok' }), host = '127.0.0.1'): Promise<PushReceiver> {
   let current = policy;
   const receipts: Receipt[] = [];
   let inFlight = 0;
@@ -137,9 +139,9 @@ export async function startPushReceiver(policy: () => ReceiverAction = () => ({ 
     })();
   });
   const sockets = new Set<Socket>();
-  const { port, close } = await listen(server, sockets);
+  const { port, close } = await listen(server, sockets, host);
   return {
-    url: `http://127.0.0.1:${port}/hook`,
+    url: `http://${host}:${port}/hook`,
     receipts,
     inFlight: () => inFlight,
     setPolicy: (next) => {

@@ -96,7 +96,7 @@ export async function until(probe: () => Promise<boolean> | boolean, timeoutMs: 
 const progressRow = z.object({ status: z.string(), requeues: z.number(), n: z.number() });
 
 /** KEEL_FAULTS_VERBOSE=1: where the installation stands, every 2 s. */
-async function progress(pool: DatabasePool, startedAt: number): Promise<void> {
+export async function progress(pool: DatabasePool, startedAt: number): Promise<void> {
   const runs = await pool.any(sql.type(progressRow)`SELECT status, requeue_count AS requeues, count(*)::int AS n FROM runs GROUP BY 1, 2 ORDER BY 1, 2`);
   const deliveries = await pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM push_deliveries WHERE state = 'pending'`);
   const debt = await projectionDebt(pool);

@@ -1,0 +1,72 @@
+import { sql } from 'slonik';
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { BACKEND } from './support/installation.js';
+import { finishHostScenario, HOST_LEASE_SECONDS, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario, TAKEOVER_MS } from './support/host-scenario.js';
+import { HOSTS_UNAVAILABLE, useHostSuite } from './support/host-suite.js';
+import { expectClean, runsClaimedBy, until } from './support/scenario.js';
+import { sleep } from './support/services.js';
+
+// Across test hosts: a worker host partitioned from the Postgres host during load, for longer
+// than its lease, until the other worker has taken at least one of its runs over, then healed.
+// The issue's figures are a 90 s partition against the 60 s production lease (a cut-off worker's
+// runs are taken over within 90 s: TAKEOVER_MS); here the lease is 6 s, the partition lasts at
+// least TAKEOVER_MS (18 s) and ends once a run was taken over, at most after 90 s (the issue's
+// partition; the takeover was seen after 60 s, docs/reliability.md). The worker is cut off while it holds
+// runs, if it can one of them inside the non-idempotent `charge` step: the other worker takes them
+// over (requeued and run again, or dead-lettered for the non-idempotent step), and what the
+// partitioned worker writes when it reaches Postgres again must be refused (its lease is gone).
+// Every accepted task ends terminal with its result or reason; no run is completed twice, no
+// charge made twice, no event pushed under two delivery ids.
+
+const MAX_PARTITION_MS = 90_000;
+
+const suite = useHostSuite({ receiver: () => ({ kind: 'ok', delayMs: 10 + Math.random() * 40 }) });
+
+const n = z.object({ n: z.number() });
+
+describe.skipIf(HOSTS_UNAVAILABLE !== null)(`a worker host partitioned from Postgres on the ${BACKEND} queue backend`, () => {
+  it(
+    `worker host cut off from the Postgres host (lease ${HOST_LEASE_SECONDS} s) under load until its runs are taken over, then healed: nothing lost, nothing done twice`,
+    async () => {
+      const state = await startHostScenario(suite, { chargeMs: 3000 });
+      const { pool, cluster } = state;
+      const [worker1, worker2] = cluster.workers;
+      const faults: Record<string, unknown> = { leaseSeconds: HOST_LEASE_SECONDS };
+
+      const startedAt = Date.now();
+      const load = startHostLoad(suite, state);
+      const holding = async () =>
+        (await runsClaimedBy(pool, worker1)) >= 3 &&
+        (await pool.oneFirst(sql.type(n)`SELECT count(*)::int AS n FROM runs WHERE status = 'running' AND inside_non_idempotent_call IS NOT NULL AND claimed_by LIKE ${`${worker1.workerPrefix}%`}`)) >= 1;
+      faults.heldInsideChargeAtCut = await until(holding, 30_000);
+      faults.runsHeldAtCut = await runsClaimedBy(pool, worker1);
+      const heldIds = await pool.anyFirst(sql.type(z.object({ id: z.string() }))`SELECT id FROM runs WHERE status = 'running' AND claimed_by LIKE ${`${worker1.workerPrefix}%`}`);
+      const heal = suite.network.partition(suite.hosts.worker1, suite.hosts.postgres);
+      const cutAt = Date.now();
+      const takenOver = () =>
+        pool.oneFirst(sql.type(n)`
+          SELECT count(*)::int AS n FROM runs WHERE id = ANY(${sql.array(heldIds, 'uuid')}) AND (claimed_by IS NULL OR claimed_by NOT LIKE ${`${worker1.workerPrefix}%`})`);
+      const tookOver = await until(async () => (await takenOver()) > 0, MAX_PARTITION_MS, 250);
+      faults.firstTakeoverAfterMs = tookOver ? Date.now() - cutAt : null;
+      if (Date.now() - cutAt < TAKEOVER_MS) await sleep(TAKEOVER_MS - (Date.now() - cutAt));
+      faults.takenOverDuringPartition = await takenOver();
+      heal();
+      const healedAt = Date.now();
+      faults.partitionedForMs = healedAt - cutAt;
+
+      const counts = await finishHostScenario({ scenario: 'hosts-worker-partition', suite, state, load, startedAt, healedAt, faults });
+      // What became of the runs the partitioned worker held: their timeline, by kind.
+      const kinds = await pool.any(sql.type(z.object({ kind: z.string(), n: z.number() }))`
+        SELECT kind, count(*)::int AS n FROM run_events WHERE run_id = ANY(${sql.array(heldIds, 'uuid')}) GROUP BY kind ORDER BY kind`);
+      console.info(`[faults] hosts-worker-partition (${BACKEND}): timeline of the ${heldIds.length} runs held at the cut: ${kinds.map((row) => `${row.kind} ${row.n}`).join(', ')}`);
+      expect(faults.runsHeldAtCut, 'the worker held runs when it was cut off').toBeGreaterThan(0);
+      expect(faults.takenOverDuringPartition, `runs of the partitioned worker taken over within ${MAX_PARTITION_MS / 1000} s of the cut`).toBeGreaterThan(0);
+      expectClean(counts, cluster.installation);
+      expect(hostProblems(counts)).toEqual([]);
+      // Both workers stayed up: the partitioned one serves again after the heal.
+      expect(worker1.alive && worker2.alive).toBe(true);
+    },
+    HOST_SCENARIO_TIMEOUT_MS,
+  );
+});
