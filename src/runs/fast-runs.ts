@@ -1,5 +1,5 @@
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
-import type { Claim } from './run-repository.js';
+import type { HeldClaim } from './run-repository.js';
 import type { RunRequest } from './run-request.js';
 
 // The fast path (docs/decisions/0025-fast-path.md): a new task received by a process that runs
@@ -18,6 +18,8 @@ export type FastRun = {
   request: RunRequest;
   /** When it was created and started (`runs.started_at = runs.created_at`). */
   at: number;
+  /** The token its insert stamped as its claim's (`runs.claim_token`): every write of the run carries it. */
+  claimToken: string;
   /**
    * Its task as the same insert wrote it (WORKING since `at`, its WORKING event journaled), with
    * the history's sealed bytes: the completion writes against this without reading the task first
@@ -35,8 +37,8 @@ export type FastRun = {
 
 /** A run slot held for a task about to be created; exactly one of `start` or `cancel` must follow. */
 export type FastRunSlot = {
-  /** The claim the run is inserted under: this process's worker id and lease. */
-  claim: Claim;
+  /** The claim the run is inserted under: this process's worker id and lease, and a new token for this run. */
+  claim: HeldClaim;
   /** The run's insert committed: run it here. */
   start: (run: FastRun) => void;
   /** The insert failed or was not made: the slot is free again. */

@@ -118,6 +118,7 @@ export class TaskIntake {
         provider: run.provider,
         request,
         at: fast.at,
+        claimToken: fast.claim.token,
         task: { contextId: task.contextId, owner: task.owner, metadata: task.metadata, history: task.sealedHistory, pushConfigured: pushConfig !== undefined },
       });
       if (deliveries.length > 0) {
