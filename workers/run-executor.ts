@@ -20,7 +20,6 @@ import {
   releaseRun,
   suspendedStateContext,
   takeOverHandoff,
-  type Claim,
   type Holder,
   type NewClaim,
 } from '../src/runs/run-repository.js';
