@@ -16,6 +16,7 @@ export const insertedRunRow = (run: FastRun, workerId: string, leaseMs: number):
   truncated: false,
   revision: FIRST_CLAIM_REVISION,
   claimed_by: workerId,
+  claim_token: run.claimToken,
   lease_expires_at: run.at + leaseMs,
   requeue_count: 0,
   available_at: run.at,

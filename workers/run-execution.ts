@@ -8,7 +8,9 @@ import type { HeldRows, JournaledEnd } from '../src/writes/completion-input.js';
 import type { RegisteredAgent } from '../src/agents/agent-registry.js';
 import type { KeelLogger } from '../src/log/logger.js';
 import type { AuditTrail } from '../src/runs/audit-trail.js';
+import type { LateWriteFence } from '../src/runs/late-write-fence.js';
 import type { LeaseKeeper } from '../src/runs/lease-keeper.js';
+import type { Holder } from '../src/runs/run-repository.js';
 import type { RunRow } from '../src/runs/run-row.js';
 import type { LocalCommit } from '../src/tasks/journal-listener.js';
 import type { ProjectionOptions } from '../src/tasks/journal-writer.js';
@@ -99,6 +101,10 @@ export type RunExecutor = {
 export type RunInHand = {
   run: RunRow;
   runId: string;
+  /** The claim this drive holds the run under: every write of the run carries it (decision 0088). */
+  holder: Holder;
+  /** The writes of this claim the database refused because the run's claim changed, recorded in its timeline when the drive ends. */
+  fence: LateWriteFence;
   agent: RegisteredAgent;
   audit: AuditTrail;
   lease: LeaseKeeper;

@@ -13,13 +13,17 @@ import { applyLinkCeilings, appliedLinkIndex, providerChainOf, type ProviderChai
 import {
   claimDueTimer,
   claimQueuedRun,
+  holderOf,
+  newClaimToken,
   queuedRequestContext,
   reclaimHeldRun,
   releaseRun,
   suspendedStateContext,
   takeOverHandoff,
-  type Claim,
+  type Holder,
+  type NewClaim,
 } from '../src/runs/run-repository.js';
+import { LateWriteFence } from '../src/runs/late-write-fence.js';
 import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { runRequestSchema, type RunRequest } from '../src/runs/run-request.js';
 import type { DiscardLate } from '../src/runs/unless-cancelled.js';
@@ -101,7 +105,7 @@ function rebuild(sealer: Sealer, run: RunRow, agent: RegisteredAgent, inserted: 
  * A statechart run whose timer is due: taken from its wait with the claim, and a prompt it was
  * asking stops being its task's status message in the same transaction (run row first, then task).
  */
-const claimTimedOutWait = (pool: DatabasePool, claim: Claim, runId: string) =>
+const claimTimedOutWait = (pool: DatabasePool, claim: NewClaim, runId: string) =>
   pool.transaction(async (transaction) => {
     const row = await claimDueTimer(transaction, runId, claim);
     if (row?.task_id) await clearStatusMessage(transaction, row.task_id);
@@ -109,11 +113,11 @@ const claimTimedOutWait = (pool: DatabasePool, claim: Claim, runId: string) =>
   });
 
 /** The run a `runs` job woke, claimed for this worker: queued, handed off, or waiting on a timer now due; null when another has it. */
-const claimWoken = async (pool: DatabasePool, claim: Claim, runId: string) =>
+const claimWoken = async (pool: DatabasePool, claim: NewClaim, runId: string) =>
   (await claimQueuedRun(pool, runId, claim)) ?? (await takeOverHandoff(pool, runId, claim)) ?? (await claimTimedOutWait(pool, claim, runId));
 
 /** What a run's lease keeper and provider chain need of the executor. */
-type ChainDeps = { pool: DatabasePool; sealer: Sealer; workerId: string; options: ExecutorOptions; afterCommit: AfterCommit; scrubServedTask: ScrubServedTask };
+type ChainDeps = { pool: DatabasePool; sealer: Sealer; options: ExecutorOptions; afterCommit: AfterCommit; scrubServedTask: ScrubServedTask };
 
 /** What the run's steps tell of themselves: which one is waited for, and a late answer to discard. */
 type StepWatch = { calling: (step: RunningStepName | null) => void; discard: DiscardLate };
@@ -122,15 +126,16 @@ type StepWatch = { calling: (step: RunningStepName | null) => void; discard: Dis
 function leaseAndChain(
   deps: ChainDeps,
   run: RunRow,
+  holder: Holder,
   agent: RegisteredAgent,
   audit: AuditTrail,
   slot: Slot,
   runLog: RunInHand['runLog'],
   watch: StepWatch,
 ): { lease: LeaseKeeper; providerChain: ProviderChain } {
-  const { pool, sealer, workerId, options, afterCommit } = deps;
+  const { pool, sealer, options, afterCommit } = deps;
   const runId = run.id;
-  const lease = new LeaseKeeper(pool, runId, workerId, options.leaseMs, options.heartbeatMs, runLog);
+  const lease = new LeaseKeeper(pool, runId, holder, options.leaseMs, options.heartbeatMs, runLog);
   // A long step (a slow provider call) does not hold the audit trail back past one heartbeat.
   lease.onBeat = () => void audit.flushIfDue(pool, options.heartbeatMs);
   lease.start();
@@ -146,7 +151,7 @@ function leaseAndChain(
       discard: watch.discard,
       calling: (provider) => watch.calling(provider === null ? null : { step: 'model', name: provider }),
       switchTo: async (index) => {
-        const switched = await applyLinkCeilings(pool, sealer, { runId, workerId, taskId: run.task_id, audit }, agent.chain[index]!, index, deps.scrubServedTask);
+        const switched = await applyLinkCeilings(pool, sealer, { runId, holder, taskId: run.task_id, audit }, agent.chain[index]!, index, deps.scrubServedTask);
         afterCommit(runId);
         return switched;
       },
@@ -160,11 +165,11 @@ function leaseAndChain(
  * The run's audit trail (new on a first claim, else continued after its stored rows), with the
  * claim or resumption recorded, and the decision or input a resumption brings.
  */
-async function openTrail(pool: DatabasePool, run: RunRow, state: LoopState, how: { fresh: boolean; workerId: string; fastPath: boolean; redriven: boolean }, runLog: RunInHand['runLog']): Promise<AuditTrail> {
+async function openTrail(pool: DatabasePool, run: RunRow, state: LoopState, how: { fresh: boolean; holder: Holder; fastPath: boolean; redriven: boolean }, runLog: RunInHand['runLog']): Promise<AuditTrail> {
   const audit = how.fresh ? new AuditTrail(run.id, run.audit_level, 0, runLog) : await AuditTrail.open(pool, run.id, run.audit_level, runLog);
   audit.record({
     kind: run.suspended_state ? 'resumed' : 'claimed',
-    meta: { worker: how.workerId, revision: run.revision, requeues: run.requeue_count, ...(how.fastPath ? { fastPath: true } : {}), ...(how.redriven ? { redriven: true } : {}) },
+    meta: { worker: how.holder.workerId, claim: how.holder.token, revision: run.revision, requeues: run.requeue_count, ...(how.fastPath ? { fastPath: true } : {}), ...(how.redriven ? { redriven: true } : {}) },
   });
   const resume = state.resume;
   if (resume?.kind === 'approval') {
@@ -189,7 +194,7 @@ export function createRunExecutor(
   const settling = new RunSettling({ context, options, afterCommit, onDependencyWait, endJournaling });
   const slots = new RunSlots(options);
   const tools = new ToolValidators();
-  const chainDeps: ChainDeps = { pool, sealer, workerId, options, afterCommit, scrubServedTask: scrubServedTaskWith(sealer) };
+  const chainDeps: ChainDeps = { pool, sealer, options, afterCommit, scrubServedTask: scrubServedTaskWith(sealer) };
   // The agent loop runs without an actor per run: the stepper computes each macrostep with the
   // machine's pure transition and runs the step its new state invokes (decision 0023). Made once,
   // it refuses here, at start, a machine with effects it could not carry out.
@@ -227,13 +232,15 @@ export function createRunExecutor(
    */
   async function claimOnceWritten(runId: string): Promise<RunRow | null> {
     for (let attempt = 0; ; attempt += 1) {
+      // The token this attempt stamps, chosen here: a claim that committed unseen is found by it.
+      const attempted = { ...claim, token: newClaimToken() };
       try {
-        return await claimWoken(pool, claim, runId);
+        return await claimWoken(pool, attempted, runId);
       } catch (error) {
         if (!isConnectionError(error) || slots.isDraining || attempt >= MAX_REDRIVES) throw error;
         if (!(await settling.databaseAnswers(options.leaseMs))) throw error;
         if (driving.has(runId)) return null;
-        const mine = await reclaimHeldRun(pool, runId, claim).catch(() => null);
+        const mine = await reclaimHeldRun(pool, runId, attempted).catch(() => null);
         if (mine) return mine;
       }
     }
@@ -261,7 +268,7 @@ export function createRunExecutor(
             );
           },
           handBack: (run) =>
-            releaseRun(pool, run.id, workerId)
+            releaseRun(pool, run.id, { workerId, token: run.claimToken })
               .then(async (released) => void (released && (await context.queues.addJob('runs', runJobId(run.id), { runId: run.id }))))
               .catch((error: Error) => logger.warn({ err: error, runId: run.id }, 'a fast run could not be handed back at shutdown; its lease expires and the reaper requeues it')),
         },
@@ -297,7 +304,8 @@ export function createRunExecutor(
         if (!isConnectionError(error) || slots.isDraining || redriven >= MAX_REDRIVES) throw error;
         logger.warn({ err: error, runId: run.id }, 'the run lost a write with the database; driving it again once it answers');
         if (!(await settling.databaseAnswers(options.leaseMs))) throw error;
-        const held = await reclaimHeldRun(pool, run.id, claim).catch(() => null);
+        const holder = holderOf(current);
+        const held = holder && (await reclaimHeldRun(pool, run.id, { ...holder, leaseMs: options.leaseMs }).catch(() => null));
         if (!held || held.inside_non_idempotent_call !== null) throw error;
         current = held;
       }
@@ -312,27 +320,38 @@ export function createRunExecutor(
     // A run claimed for the first time has no audit rows and no stored outputs yet (driven again,
     // it may have both from its first drive).
     const fresh = !redriven && isFirstClaim(run);
+    const holder = holderOf(run);
+    if (holder === null) {
+      // A row claimed before claims carried tokens (sql/0031): left to its lease and the reaper.
+      runLog.warn('a claimed run has no claim token; it is left to its lease');
+      return { kind: 'skipped' };
+    }
     const agent = registry.get(run.agent);
     if (!agent) {
-      await settling.failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
+      await settling.failHeld(runId, holder, { reason: 'not_retryable', failureDetail: { reason: 'unknown_agent', agent: run.agent }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
     const rebuilt = rebuild(sealer, run, agent, insertedRequest);
     if (!rebuilt.ok) {
-      await settling.failHeld(runId, { reason: 'not_retryable', failureDetail: { reason: rebuilt.detail }, taskId: run.task_id, hasOutputs: !fresh });
+      await settling.failHeld(runId, holder, { reason: 'not_retryable', failureDetail: { reason: rebuilt.detail }, taskId: run.task_id, hasOutputs: !fresh });
       return { kind: 'settled', status: 'failed', reason: 'not_retryable' };
     }
 
-    const audit = await openTrail(pool, run, rebuilt.state, { fresh, workerId, fastPath: insertedRequest !== null, redriven }, runLog);
+    const audit = await openTrail(pool, run, rebuilt.state, { fresh, holder, fastPath: insertedRequest !== null, redriven }, runLog);
+    // Every write of this drive carries its claim; what the fence refuses is recorded when the drive ends.
+    const fence = new LateWriteFence(runId, holder);
+    audit.fenceWith(holder.token, (rows) => fence.refuse('audit_rows', rows));
     let markEnded = () => undefined as void;
     const ended = new Promise<void>((resolve) => (markEnded = resolve));
     let discard: DiscardLate = () => undefined;
     const watch: StepWatch = { calling: (step) => (hand.current = step), discard: (late, meta) => discard(late, meta) };
-    const { lease, providerChain } = leaseAndChain(chainDeps, run, agent, audit, slot, runLog, watch);
+    const { lease, providerChain } = leaseAndChain(chainDeps, run, holder, agent, audit, slot, runLog, watch);
     discard = discarderFor(runId, lease, ended, runLog);
     const hand: RunInHand = {
       run,
       runId,
+      holder,
+      fence,
       agent,
       audit,
       lease,
@@ -349,7 +368,7 @@ export function createRunExecutor(
     try {
       let driven: DrivenRun;
       try {
-        driven = await driveRun({ hand, pool, sealer, workerId, fetch, afterCommit, tools, providerChain, discard: watch.discard, maxArtifactBytes: context.config.a2a.maxArtifactBytes }, rebuilt.state, loopStepper);
+        driven = await driveRun({ hand, pool, sealer, fetch, afterCommit, tools, providerChain, discard: watch.discard, maxArtifactBytes: context.config.a2a.maxArtifactBytes }, rebuilt.state, loopStepper);
       } catch (error) {
         if (!isConnectionError(error)) runLog.error({ err: error }, 'the run crashed; it stays claimed until its lease expires');
         throw error;
@@ -360,6 +379,8 @@ export function createRunExecutor(
       return await settling.settle(hand, driven);
     } finally {
       markEnded();
+      // The run was taken over while this drive held it: what the fence refused goes into its timeline.
+      if (fence.anyRefused) void fence.record(pool, runLog).catch((error: Error) => runLog.warn({ err: error }, 'late writes refused by the fence could not be recorded in the timeline'));
     }
   }
 

@@ -5,7 +5,7 @@ import { isConnectionError } from '../src/db/pool.js';
 import type { ArtifactEmission } from '../src/providers/provider.js';
 import { runJobId, timerJobId } from '../src/queue/job-ids.js';
 import { outputFromEmission } from '../src/runs/run-output-repository.js';
-import { getRun, releaseRun, renewLease, suspendRun, type Claim, type RunTotals } from '../src/runs/run-repository.js';
+import { getRun, releaseRun, renewLease, suspendRun, type Holder, type RunTotals } from '../src/runs/run-repository.js';
 import { dueOpenDependenciesOfRun } from '../src/remote/dependency-repository.js';
 import { recordEndedRunEvent } from '../src/runs/run-event-repository.js';
 import { completeRun } from '../src/writes/complete-run.js';
@@ -39,11 +39,9 @@ export class RunSettling {
   private readonly databaseReturn: DatabaseReturn;
   /** Aborted at shutdown: a run waiting for the database to answer again stops waiting. */
   private readonly stopWaiting = new AbortController();
-  private readonly claim: Claim;
 
   constructor(private readonly deps: SettlingDeps) {
     this.databaseReturn = new DatabaseReturn(deps.context.pool);
-    this.claim = { workerId: deps.context.workerId, leaseMs: deps.options.leaseMs };
   }
 
   /** Shutdown: no run waits for the database any more. */
@@ -72,11 +70,11 @@ export class RunSettling {
     }
   }
 
-  /** The worker's own failure of the run it holds (its end journaled with it: settleEnd). */
-  failHeld(runId: string, input: Omit<FailureInput, 'runId' | 'workerId' | 'projection'>): Promise<CompletionResult> {
-    const { pool, sealer, logger, workerId } = this.deps.context;
+  /** The worker's own failure of the run it holds under `holder` (its end journaled with it: settleEnd). */
+  failHeld(runId: string, holder: Holder, input: Omit<FailureInput, 'runId' | 'holder' | 'projection'>): Promise<CompletionResult> {
+    const { pool, sealer, logger } = this.deps.context;
     const projection = this.deps.options.projection;
-    return this.settleEnd(runId, input.taskId, () => failHeldRun(pool, sealer, logger, { ...input, runId, workerId, ...(projection ? { projection } : {}) }));
+    return this.settleEnd(runId, holder, input.taskId, () => failHeldRun(pool, sealer, logger, { ...input, runId, holder, ...(projection ? { projection } : {}) }));
   }
 
   /**
@@ -85,12 +83,12 @@ export class RunSettling {
    * and no projection is owed; otherwise (nothing journaled, or an error: a COMMIT whose outcome is
    * unknown) the waiters read, and the projector is woken as after any commit.
    */
-  private async settleEnd(runId: string, taskId: string | null, settle: () => Promise<CompletionResult>, again: () => void = () => undefined): Promise<CompletionResult> {
+  private async settleEnd(runId: string, holder: Holder, taskId: string | null, settle: () => Promise<CompletionResult>, again: () => void = () => undefined): Promise<CompletionResult> {
     const { afterCommit, endJournaling } = this.deps;
     const local = taskId === null ? null : endJournaling.begin(runId, taskId);
     let result: CompletionResult;
     try {
-      result = await this.settleOnceWritten(runId, settle, again);
+      result = await this.settleOnceWritten(runId, holder, settle, again);
     } catch (error) {
       local?.unknown();
       // Whatever was committed before (a claim's revision) is still owed to the journal.
@@ -118,7 +116,7 @@ export class RunSettling {
    * what the lost write took (the audit rows). Past one lease without an answer the run is left
    * to the reaper, as a dead process's would be.
    */
-  private async settleOnceWritten(runId: string, settle: () => Promise<CompletionResult>, again: () => void): Promise<CompletionResult> {
+  private async settleOnceWritten(runId: string, holder: Holder, settle: () => Promise<CompletionResult>, again: () => void): Promise<CompletionResult> {
     const { pool, logger } = this.deps.context;
     const givesUpAt = Date.now() + this.deps.options.leaseMs;
     for (;;) {
@@ -128,7 +126,7 @@ export class RunSettling {
         if (!isConnectionError(error) || this.stopWaiting.signal.aborted) throw error;
         logger.warn({ err: error, runId }, "a run's end was not written (the database went away); writing it again once it answers");
         if (!(await this.databaseAnswers(givesUpAt - Date.now()))) throw error;
-        await renewLease(pool, runId, this.claim).catch(() => false);
+        await renewLease(pool, runId, { ...holder, leaseMs: this.deps.options.leaseMs }).catch(() => false);
         again();
       }
     }
@@ -140,8 +138,8 @@ export class RunSettling {
     return completions ? completions.complete(input) : completeRun(pool, sealer, logger, input);
   }
 
-  private async stopped({ runId, audit, lease, cancelledDuring, runLog }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
-    const { pool, workerId, queues } = this.deps.context;
+  private async stopped({ runId, holder, audit, lease, cancelledDuring, runLog }: RunInHand, outcome: Outcome<'stop'>): Promise<ExecutionReport> {
+    const { pool, queues } = this.deps.context;
     await audit.flush(pool);
     if (lease.loss === 'cancelled') {
       // The cancel settled the run; its worker adds where the cancel found it and how soon the
@@ -154,7 +152,7 @@ export class RunSettling {
       for (const dependencyId of await dueOpenDependenciesOfRun(pool, runId).catch(() => [])) this.deps.onDependencyWait(dependencyId);
     }
     if (lease.released) {
-      const released = await releaseRun(pool, runId, workerId);
+      const released = await releaseRun(pool, runId, holder);
       if (released) {
         this.deps.afterCommit(runId);
         // The job being processed holds the run's usual id until this returns: the wake-up for
@@ -168,12 +166,22 @@ export class RunSettling {
   /**
    * The run's end was refused by its guarded write. When a cancel committed first (the cancel won
    * the race with the end), the end is discarded, never applied: the timeline keeps what the run
-   * did, not that it ended so, and records the discarded end (decision 0066).
+   * did, not that it ended so, and records the discarded end (decision 0066). When the run's claim
+   * changed (its lease expired and the reaper requeued or dead-lettered it), the end and the rest
+   * of the trail are refused by the fence, and the drive records the refusal (decision 0088).
    */
-  private async endRefused({ runId, audit, runLog, lease }: RunInHand, end: 'completed' | 'failed'): Promise<void> {
+  private async endRefused({ runId, holder, fence, audit, runLog, lease }: RunInHand, end: 'completed' | 'failed'): Promise<void> {
     const { pool } = this.deps.context;
     try {
-      if ((await getRun(pool, runId))?.status !== 'cancelled') return;
+      const run = await getRun(pool, runId);
+      if (run !== null && run.claim_token !== holder.token) {
+        fence.refuse(end === 'completed' ? 'completion' : 'failure');
+        // The trail's rows still buffered are this late claim's too: the fence refuses and counts them.
+        audit.restoreTaken();
+        await audit.flush(pool);
+        return;
+      }
+      if (run?.status !== 'cancelled') return;
       audit.restoreTaken((event) => event.kind !== end);
       await audit.flush(pool);
       // The cancel found the run writing its end: that is where it stopped.
@@ -186,13 +194,14 @@ export class RunSettling {
 
   /** `resultArtifacts`: artifacts of the result (a statechart's output), written by the completion transaction. */
   private async completed(hand: RunInHand, outcome: Outcome<'complete'>, totals: RunTotals, resultArtifacts: readonly ArtifactEmission[]): Promise<ExecutionReport> {
-    const { pool, workerId } = this.deps.context;
-    const { runId, audit, held, lease, runLog } = hand;
+    const { pool } = this.deps.context;
+    const { runId, holder, audit, held, lease, runLog } = hand;
     const projection = this.deps.options.projection;
     audit.record({ kind: 'completed', meta: { reason: outcome.reason, ...totals } });
     const taskId = hand.run.task_id;
     const settled = await this.settleEnd(
       runId,
+      holder,
       taskId,
       () =>
         this.complete({
@@ -204,7 +213,7 @@ export class RunSettling {
           taskId,
           hasOutputs: hand.storedOutputs > 0 || resultArtifacts.length > 0,
           runId,
-          workerId,
+          holder,
           reason: outcome.reason,
           answer: outcome.answer,
           ...(outcome.presentation ? { presentation: outcome.presentation } : {}),
@@ -218,7 +227,7 @@ export class RunSettling {
       // drives it again once the database answers, or the reaper requeues it when its lease expires).
       if (isConnectionError(error)) throw error;
       runLog.error({ err: error }, 'the result could not be stored; failing the run');
-      const failed = await this.failHeld(runId, { reason: 'not_retryable', totals, failureDetail: { reason: 'result_not_stored' }, taskId, hasOutputs: hand.storedOutputs > 0 });
+      const failed = await this.failHeld(runId, holder, { reason: 'not_retryable', totals, failureDetail: { reason: 'result_not_stored' }, taskId, hasOutputs: hand.storedOutputs > 0 });
       if (failed.settled) {
         // The trail rode in the rolled-back transaction: what the run did is kept, not that it completed.
         audit.restoreTaken((event) => event.kind !== 'completed');
@@ -238,7 +247,7 @@ export class RunSettling {
     const { runId, audit, lease } = hand;
     audit.record({ kind: 'failed', meta: { reason: outcome.reason, ...outcome.detail } });
     await audit.flush(this.deps.context.pool);
-    const settled = await this.failHeld(runId, {
+    const settled = await this.failHeld(runId, hand.holder, {
       reason: outcome.reason,
       errorClass: outcome.errorClass ?? null,
       failureDetail: outcome.detail,
@@ -255,8 +264,8 @@ export class RunSettling {
   }
 
   private async suspended(hand: RunInHand, outcome: Outcome<'suspend'>, state: LoopState, totals: RunTotals): Promise<ExecutionReport> {
-    const { pool, sealer, workerId, queues } = this.deps.context;
-    const { runId, audit, lease, runLog } = hand;
+    const { pool, sealer, queues } = this.deps.context;
+    const { runId, holder, audit, lease, runLog } = hand;
     // What the turn did is stored now; the suspension's own event only with the suspension, so
     // the timeline never shows a wait that was not stored (`keel runs show` offers it for a decision).
     await audit.flush(pool);
@@ -275,7 +284,7 @@ export class RunSettling {
     };
     try {
       const suspended = await pool.transaction(async (transaction) => {
-        const row = await suspendRun(transaction, sealer, runId, workerId, outcome.status, { ...state, resume: null }, totals, outcome.dueAt);
+        const row = await suspendRun(transaction, sealer, runId, holder, outcome.status, { ...state, resume: null }, totals, outcome.dueAt);
         if (row) {
           audit.recordWithin(transaction, suspendedEvent);
           await audit.flushWithin(transaction);
@@ -292,7 +301,10 @@ export class RunSettling {
         return row;
       });
       this.deps.afterCommit(runId);
-      if (!suspended) return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+      if (!suspended) {
+        hand.fence.refuse('suspension');
+        return { kind: 'stopped', why: lease.loss ?? 'lease_lost' };
+      }
       if (state.pendingDependency) this.deps.onDependencyWait(state.pendingDependency.dependencyId);
       if (outcome.dueAt !== undefined) {
         // The wake-up at the due time; the sweep restores it if it is lost.
@@ -307,7 +319,7 @@ export class RunSettling {
       // A suspension that cannot be stored fails the run rather than promise a decision.
       runLog.error({ err: error }, 'the suspended turn could not be stored; failing the run');
       const reason = outcome.status === 'waiting_for_approval' ? 'approval_denied' : 'not_retryable';
-      const failed = await this.failHeld(runId, {
+      const failed = await this.failHeld(runId, holder, {
         reason,
         totals,
         failureDetail: { reason: 'suspension_not_stored', status: outcome.status },

@@ -1,6 +1,6 @@
 import type { LeaseKeeper } from '../src/runs/lease-keeper.js';
 import type { FastRun, FastRunSlot } from '../src/runs/fast-runs.js';
-import type { Claim } from '../src/runs/run-repository.js';
+import { newClaimToken, type Claim } from '../src/runs/run-repository.js';
 import type { ExecutionReport } from './run-execution.js';
 
 // The run executor's slot scheduler: which runs this process has in flight, how queued and fast
@@ -125,7 +125,8 @@ export class RunSlots {
       this.fastChanged(-1);
     };
     return {
-      claim,
+      // A token of its own: the run's claim at insert is a claim like any other (decision 0088).
+      claim: { ...claim, token: newClaimToken() },
       start: (run) => {
         if (used) return;
         used = true;

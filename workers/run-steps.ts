@@ -57,7 +57,6 @@ export type StepContext = {
   hand: RunInHand;
   pool: DatabasePool;
   sealer: Sealer;
-  workerId: string;
   fetch: GuardedFetch;
   afterCommit: AfterCommit;
   tools: ToolValidators;
@@ -71,11 +70,11 @@ export type StepContext = {
 /** Stores artifacts the model emitted as one committed run step, at the answer level read under the lock. */
 async function storeArtifacts(ctx: StepContext, iteration: number, emissions: Parameters<typeof outputFromEmission>[1][]): Promise<boolean> {
   if (emissions.length === 0) return true;
-  const { pool, sealer, workerId, hand } = ctx;
-  const { runId } = hand;
-  return pool.transaction(async (transaction) => {
-    const held = await lockHeldRun(transaction, runId, workerId);
-    if (!held || !(await announceRunOutputs(transaction, runId, workerId))) return false;
+  const { pool, sealer, hand } = ctx;
+  const { runId, holder } = hand;
+  const stored = await pool.transaction(async (transaction) => {
+    const held = await lockHeldRun(transaction, runId, holder);
+    if (!held || !(await announceRunOutputs(transaction, runId, holder))) return false;
     await appendRunOutputs(
       transaction,
       sealer,
@@ -87,6 +86,8 @@ async function storeArtifacts(ctx: StepContext, iteration: number, emissions: Pa
     hand.storedOutputs += emissions.length;
     return true;
   });
+  if (!stored) hand.fence.refuse('outputs', emissions.length);
+  return stored;
 }
 
 async function checkpoint(ctx: StepContext): Promise<CheckpointResult> {
@@ -119,8 +120,8 @@ async function callModel(ctx: StepContext, state: LoopContext): Promise<ModelSte
 
 /** One tool call through its declared effect: audited first (a write tool whose record cannot be stored does not run). */
 async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult | 'stop'> {
-  const { pool, workerId, hand } = ctx;
-  const { runId, agent, audit, lease, runLog } = hand;
+  const { pool, hand } = ctx;
+  const { runId, agent, audit, lease, runLog, holder } = hand;
   const tool = agent.tools.get(call.name);
   if (!tool) return { kind: 'error', message: `unknown tool ${call.name}` };
   const invalid = ctx.tools.problem(tool, call.arguments);
@@ -133,7 +134,10 @@ async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult 
     audit.record(event);
   }
   if (tool.effect === 'non_idempotent_write') {
-    if (!(await markNonIdempotentCall(pool, runId, workerId, call.id))) return 'stop';
+    if (!(await markNonIdempotentCall(pool, runId, holder, call.id))) {
+      hand.fence.refuse('non_idempotent_mark');
+      return 'stop';
+    }
   }
   const startedAt = Date.now();
   let result: ToolResult;
@@ -160,7 +164,7 @@ async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult 
   } finally {
     hand.current = null;
   }
-  if (tool.effect === 'non_idempotent_write') await markNonIdempotentCall(pool, runId, workerId, null);
+  if (tool.effect === 'non_idempotent_write' && !(await markNonIdempotentCall(pool, runId, holder, null))) hand.fence.refuse('non_idempotent_mark');
   audit.record({
     kind: 'tool_result',
     meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - startedAt },
@@ -232,7 +236,8 @@ export async function driveRun(ctx: StepContext, state: LoopState, loopStepper: 
       sealer: ctx.sealer,
       runId: hand.runId,
       taskId: hand.run.task_id,
-      workerId: ctx.workerId,
+      holder: hand.holder,
+      fence: hand.fence,
       agent,
       definition: agent.statechart,
       state,

@@ -10,7 +10,8 @@ import type { AuditTrail } from '../src/runs/audit-trail.js';
 import type { ChainAnswer, ProviderChain } from '../src/runs/provider-chain.js';
 import { artifactTooLargeDetail, oversizedArtifact, type OversizedArtifact } from '../src/runs/artifact-limit.js';
 import { appendRunOutputs, outputFromEmission, type NewRunOutput } from '../src/runs/run-output-repository.js';
-import { announceRunOutputs, appendMachineStep, lockHeldRun, markNonIdempotentCall, saveMachineProgress } from '../src/runs/run-repository.js';
+import { announceRunOutputs, appendMachineStep, lockHeldRun, markNonIdempotentCall, saveMachineProgress, type Holder } from '../src/runs/run-repository.js';
+import type { LateWriteFence } from '../src/runs/late-write-fence.js';
 import type { Sealer } from '../src/sealing/sealer.js';
 import type { StatechartDefinition } from '../src/statecharts/statechart-definition.js';
 import {
@@ -64,7 +65,10 @@ export type StatechartRunDeps = {
   sealer: Sealer;
   runId: string;
   taskId: string | null;
-  workerId: string;
+  /** The claim the run is held under: every write carries it (decision 0088). */
+  holder: Holder;
+  /** Told of a write the fence refused (the run's claim changed). */
+  fence: LateWriteFence;
   agent: RegisteredAgent;
   definition: StatechartDefinition;
   state: StatechartState;
@@ -149,7 +153,7 @@ const tryJson = (text: string | null): unknown => {
 };
 
 export async function runStatechartAgent(deps: StatechartRunDeps): Promise<StatechartRunResult> {
-  const { pool, sealer, runId, workerId, agent, definition, audit } = deps;
+  const { pool, sealer, runId, holder, agent, definition, audit } = deps;
   let state: StatechartState = { ...deps.state };
   const failures = new Map<string, StepFailure>();
   /** Non-idempotent steps started in this process whose outcome no commit has taken yet. */
@@ -256,7 +260,10 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         }
         if (effect === 'non_idempotent_write') {
           unsettledWrites.add(step.key);
-          if (!(await markNonIdempotentCall(pool, runId, workerId, step.key))) return { kind: 'stop', why: 'lease_lost' };
+          if (!(await markNonIdempotentCall(pool, runId, holder, step.key))) {
+            deps.fence.refuse('non_idempotent_mark');
+            return { kind: 'stop', why: 'lease_lost' };
+          }
         }
         const startedAt = Date.now();
         // The step's signal aborts when the machine leaves its state or the run stops (a cancel
@@ -321,16 +328,16 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         ...shown.artifacts.map((emission, index) => outputFromEmission('artifact', emission, `artifact-${record.transitions}-${index}`)),
       ];
       const committed = await pool.transaction(async (transaction) => {
-        const held = await lockHeldRun(transaction, runId, workerId);
+        const held = await lockHeldRun(transaction, runId, holder);
         if (!held) return false;
         if (outputs.length > 0) {
-          if (!(await announceRunOutputs(transaction, runId, workerId))) return false;
+          if (!(await announceRunOutputs(transaction, runId, holder))) return false;
           await appendRunOutputs(transaction, sealer, runId, held.revision + 1, held.answerLevel, outputs);
         }
         const startedSteps = { ...state.startedSteps };
         for (const step of record.running) startedSteps[step.key] ??= { id: step.id, src: step.src, effect: effectOf(step) };
         state = { ...state, machine: record, waiting: null, startedSteps };
-        const saved = await saveMachineProgress(transaction, sealer, runId, workerId, {
+        const saved = await saveMachineProgress(transaction, sealer, runId, holder, {
           state,
           // The version the run started with (each path row names the version that took it).
           machineHash: record.startedWith,
@@ -342,6 +349,7 @@ export async function runStatechartAgent(deps: StatechartRunDeps): Promise<State
         return true;
       });
       if (committed && outputs.length > 0) deps.shown();
+      if (!committed) deps.fence.refuse('progress');
       if (committed) traced?.entered(value);
       return committed;
     },

@@ -93,6 +93,25 @@ export function insertAuditRowsStatement(rows: readonly AuditRow[], onlyRunsOf: 
 }
 
 /**
+ * The audit rows of one run written by the worker holding it, fenced (decision 0088): inserted only
+ * while the run still holds the claim `token` (any status: the worker's own end, a suspension or a
+ * cancel keep it; a requeue, a dead-letter and a claim made since do not). One statement; `held`
+ * says whether the fence let them in.
+ */
+export function insertFencedAuditRowsStatement(runId: string, token: string, rows: readonly AuditRow[]) {
+  return sql.type(z.object({ held: z.boolean() }))`
+    WITH fence AS (SELECT EXISTS (SELECT 1 FROM runs WHERE id = ${runId} AND claim_token = ${token}) AS held),
+    inserted AS (
+      INSERT INTO run_events (run_id, sequence, kind, payload, created_at)
+      SELECT a.run_id, a.sequence, a.kind, a.payload, to_timestamp(a.at / 1000.0)
+      FROM ${AUDIT_ROW.unnest(rows, 'a')}
+      WHERE (SELECT held FROM fence)
+      ON CONFLICT (run_id, sequence) DO NOTHING
+      RETURNING 1)
+    SELECT held FROM fence`;
+}
+
+/**
  * Buffers a run's events and writes them with one multi-row insert at each flush. Recording is
  * fail-soft (a lost audit row never fails a run), except `recordNow`, which reports whether the
  * event was stored: a write tool whose audit event cannot be stored does not run.
@@ -117,6 +136,8 @@ export class AuditTrail {
   private oldestPendingAt = 0;
   /** The last flush not in a caller's transaction, while on its way: the next waits for it, so the trail is stored in order. */
   private flushing: Promise<boolean> | null = null;
+  /** The claim the trail's writes carry (fenceWith), and who hears of rows the fence refused. */
+  private fence: { token: string; onRefused: (rows: number) => void } | null = null;
 
   constructor(
     private readonly runId: string,
@@ -136,6 +157,15 @@ export class AuditTrail {
   /** The level events are kept at now: what a caller says of content it did not keep. */
   get currentLevel(): PrivacyLevel {
     return this.level;
+  }
+
+  /**
+   * Every write of the trail from now on carries the claim `token` (decision 0088): rows written
+   * after the run's claim changed (a requeue, a dead-letter, another claim) are refused, dropped
+   * (never given back: they are a late worker's) and counted to `onRefused`.
+   */
+  fenceWith(token: string, onRefused: (rows: number) => void): void {
+    this.fence = { token, onRefused };
   }
 
   /** The run's audit ceiling may tighten mid-run (a fallback provider); later events follow it. */
@@ -192,8 +222,7 @@ export class AuditTrail {
 
   private async flushNow(db: CommonQueryMethods): Promise<boolean> {
     try {
-      await this.flushStrict(db);
-      return true;
+      return await this.flushStrict(db);
     } catch (error) {
       this.logger.warn({ err: error, runId: this.runId }, 'audit events could not be stored');
       return false;
@@ -212,17 +241,16 @@ export class AuditTrail {
       // for a row whose run is locked by the caller and whose key conflicts are ignored. No data
       // error can refuse it, so the savepoint (one round trip and a subtransaction) is skipped.
       this.take(transaction);
-      await this.insertRows(transaction, rows);
-      return true;
+      return this.insertRows(transaction, rows);
     }
     let batch: PendingEvent[] = [];
     return transaction
       .transaction(async (nested) => {
         batch = this.take(nested);
-        await this.insertRows(nested, batch.map(serializedRow));
+        return this.insertRows(nested, batch.map(serializedRow));
       })
       .then(
-        () => true,
+        (stored) => stored,
         (error: unknown) => {
           // The savepoint gave the events back. Rows Postgres refused would be refused again: they
           // are dropped (logged). Any other failure leaves them buffered for a later write.
@@ -234,10 +262,10 @@ export class AuditTrail {
       );
   }
 
-  private async flushStrict(db: CommonQueryMethods): Promise<void> {
-    if (this.pending.length === 0) return;
+  private async flushStrict(db: CommonQueryMethods): Promise<boolean> {
+    if (this.pending.length === 0) return true;
     const batch = this.take(db);
-    await this.insertRows(db, batch.map(serializedRow));
+    return this.insertRows(db, batch.map(serializedRow));
   }
 
   /**
@@ -267,8 +295,16 @@ export class AuditTrail {
     if (index >= 0) this.pending.splice(index, 1);
   }
 
-  private async insertRows(db: CommonQueryMethods, rows: SerializedRow[]): Promise<void> {
-    await db.query(sql.unsafe`${this.insertFragment(rows)}`);
+  /** Inserts rows taken from the buffer; false when the fence refused them (they are dropped, and counted to it). */
+  private async insertRows(db: CommonQueryMethods, rows: SerializedRow[]): Promise<boolean> {
+    const fence = this.fence;
+    if (fence === null) {
+      await db.query(sql.unsafe`${this.insertFragment(rows)}`);
+      return true;
+    }
+    const held = await db.oneFirst(insertFencedAuditRowsStatement(this.runId, fence.token, auditRowsOf(this.runId, rows)));
+    if (!held) fence.onRefused(rows.length);
+    return held;
   }
 
   private insertFragment(rows: SerializedRow[]): FragmentSqlToken {

@@ -1,5 +1,5 @@
 import type { PrivacyLevel } from '../privacy/privacy-level.js';
-import type { Claim } from './run-repository.js';
+import type { HeldClaim } from './run-repository.js';
 import type { RunRequest } from './run-request.js';
 import type { RunTrace } from '../tracing/run-trace.js';
 
@@ -21,6 +21,8 @@ export type FastRun = {
   at: number;
   /** Its place in its task's trace, as its row stores it (null while tracing is off). */
   trace?: RunTrace | null;
+  /** The token its insert stamped as its claim's (`runs.claim_token`): every write of the run carries it. */
+  claimToken: string;
   /**
    * Its task as the same insert wrote it (WORKING since `at`, its WORKING event journaled), with
    * the history's sealed bytes: the completion writes against this without reading the task first
@@ -38,8 +40,8 @@ export type FastRun = {
 
 /** A run slot held for a task about to be created; exactly one of `start` or `cancel` must follow. */
 export type FastRunSlot = {
-  /** The claim the run is inserted under: this process's worker id and lease. */
-  claim: Claim;
+  /** The claim the run is inserted under: this process's worker id and lease, and a new token for this run. */
+  claim: HeldClaim;
   /** The run's insert committed: run it here. */
   start: (run: FastRun) => void;
   /** The insert failed or was not made: the slot is free again. */

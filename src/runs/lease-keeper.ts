@@ -1,7 +1,7 @@
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import type { KeelLogger } from '../log/logger.js';
-import { renewLease } from './run-repository.js';
+import { renewLease, type Holder } from './run-repository.js';
 
 export type LeaseLoss = 'lease_lost' | 'cancelled';
 
@@ -27,7 +27,7 @@ export class LeaseKeeper {
   constructor(
     private readonly pool: DatabasePool,
     private readonly runId: string,
-    private readonly workerId: string,
+    private readonly holder: Holder,
     private readonly leaseMs: number,
     private readonly heartbeatMs: number,
     private readonly logger: KeelLogger,
@@ -77,7 +77,7 @@ export class LeaseKeeper {
   async renew(): Promise<LeaseLoss | null> {
     if (this.lost) return this.lost;
     try {
-      const renewed = await renewLease(this.pool, this.runId, { workerId: this.workerId, leaseMs: this.leaseMs });
+      const renewed = await renewLease(this.pool, this.runId, { ...this.holder, leaseMs: this.leaseMs });
       if (renewed) {
         this.lastRenewal = Date.now();
         return null;

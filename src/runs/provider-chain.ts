@@ -7,7 +7,7 @@ import type { Sealer } from '../sealing/sealer.js';
 import type { AuditTrail } from './audit-trail.js';
 import type { LeaseKeeper } from './lease-keeper.js';
 import { deleteRunOutputs, scrubRunOutputs } from './run-output-repository.js';
-import { lockHeldRun, switchRunProvider, type Db } from './run-repository.js';
+import { lockHeldRun, switchRunProvider, type Db, type Holder } from './run-repository.js';
 import { started as startedStep, unlessCancelled, type DiscardLate, type LateOutcome, type Raced } from './unless-cancelled.js';
 import { inModelCallSpan } from '../tracing/gen-ai-spans.js';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
@@ -210,7 +210,7 @@ export function providerChainOf(run: ChainRun, appliedIndex: number): ProviderCh
 export type ScrubServedTask = (transaction: Db, taskId: string, change: CeilingChange) => Promise<void>;
 
 /** The run the switch is for, as its worker holds it. */
-export type HeldRun = { runId: string; workerId: string; taskId: string | null; audit: AuditTrail };
+export type HeldRun = { runId: string; holder: Holder; taskId: string | null; audit: AuditTrail };
 
 /**
  * Applies a provider's ceilings under the run-row lock, in one transaction with what they do to
@@ -227,10 +227,10 @@ export async function applyLinkCeilings(
   scrubServedTask: ScrubServedTask,
 ): Promise<ProviderSwitch> {
   return pool.transaction(async (transaction) => {
-    const held = await lockHeldRun(transaction, run.runId, run.workerId);
+    const held = await lockHeldRun(transaction, run.runId, run.holder);
     if (!held) return 'lost';
     const change = planCeilingChange({ auditLevel: held.auditLevel, answerLevel: held.answerLevel }, link.ceilings, run.taskId !== null);
-    if (!(await switchRunProvider(transaction, run.runId, run.workerId, link.provider.name, change.next))) return 'lost';
+    if (!(await switchRunProvider(transaction, run.runId, run.holder, link.provider.name, change.next))) return 'lost';
     if (change.answers === 'not_retainable') await deleteRunOutputs(transaction, run.runId);
     if (change.answers === 'tightened') await scrubRunOutputs(transaction, sealer, run.runId, change.next.answerLevel);
     if (change.answers !== 'kept' && run.taskId !== null) await scrubServedTask(transaction, run.taskId, change);

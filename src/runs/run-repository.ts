@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
 import {
@@ -58,8 +59,8 @@ export type CreateRunInput = {
   trace?: RunTrace | null;
 };
 
-/** A run about to be inserted already claimed by the inserting process (the fast path): its claim and the moment it starts. */
-export type FastStart = { claim: Claim; at: number };
+/** A run about to be inserted already claimed by the inserting process (the fast path): its claim (with its token) and the moment it starts. */
+export type FastStart = { claim: HeldClaim; at: number };
 
 /**
  * One run's row of an INSERT: QUEUED, or, with `fast`, already claimed by the inserting process
@@ -83,6 +84,7 @@ export function runValues(sealer: Sealer, input: CreateRunInput & { id: string }
     task_id: input.taskId ?? null,
     request,
     claimed_by: fast?.claim.workerId ?? null,
+    claim_token: fast?.claim.token ?? null,
     lease_ms: fast?.claim.leaseMs ?? null,
     at: fast?.at ?? null,
     revision: fast === null ? INSERTED_REVISION : FIRST_CLAIM_REVISION,
@@ -103,6 +105,7 @@ const RUN_ROW = rowShape([
   ['task_id', 'uuid'],
   ['request', 'bytea'],
   ['claimed_by', 'text'],
+  ['claim_token', 'uuid'],
   ['lease_ms', 'float8'],
   ['at', 'float8'],
   ['revision', 'int8'],
@@ -122,9 +125,9 @@ export const RUN_COLUMNS = RUN_ROW.width;
  */
 export function insertRunsStatement(rows: readonly ShapedRow[], onlyTasksOf: IdentifierSqlToken | null = null) {
   return sql.fragment`INSERT INTO runs (id, agent, status, audit_level, answer_level, provider, task_id, queued_request,
-      claimed_by, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision, trace_context, trace_parent_span, trace_state)
+      claimed_by, claim_token, lease_expires_at, started_at, created_at, updated_at, status_changed_at, revision, trace_context, trace_parent_span, trace_state)
     SELECT v.id, v.agent, v.status, v.audit_level, v.answer_level, v.provider, v.task_id, v.request,
-      v.claimed_by, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
+      v.claimed_by, v.claim_token, now() + v.lease_ms * interval '1 millisecond', to_timestamp(v.at / 1000.0),
       coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), coalesce(to_timestamp(v.at / 1000.0), now()), v.revision,
       v.trace_context, v.trace_parent_span, v.trace_state
     FROM ${RUN_ROW.unnest(rows, 'v')}
@@ -143,6 +146,39 @@ export async function getRun(db: Db, runId: string): Promise<RunRow | null> {
 
 export type Claim = { workerId: string; leaseMs: number };
 
+/**
+ * A claim as its worker holds it: the worker, and the token the claim stamped into
+ * `runs.claim_token` (sql/0031). Every write for a held run carries it and is refused unless the
+ * row still holds it (`heldBy`): a run requeued, dead-lettered or claimed again since (by another
+ * process or by this one) refuses the writes of the claim it no longer holds (docs/reliability.md,
+ * "Fencing"; decision 0088).
+ */
+export type Holder = { workerId: string; token: string };
+
+/** A claim with its token: what a worker renews a lease with. */
+export type HeldClaim = Claim & Holder;
+
+/** A new claim token: one per claim, never reused (a random UUID). */
+export const newClaimToken = (): string => randomUUID();
+
+/** The holder of a run row as it stands, for the writes of the claim it returned (null: the row holds no claim). */
+export function holderOf(run: Pick<RunRow, 'claimed_by' | 'claim_token'>): Holder | null {
+  return run.claimed_by === null || run.claim_token === null || run.claim_token === undefined ? null : { workerId: run.claimed_by, token: run.claim_token };
+}
+
+/** The guard of every write for a held run: the row still holds this claim (its worker and its token). */
+export const heldBy = (holder: Holder) => sql.fragment`claimed_by = ${holder.workerId} AND claim_token = ${holder.token}`;
+
+/**
+ * A claim about to be made: its worker and lease, and the token to stamp when the caller chose it
+ * (to find the claim again if its answer was lost with the connection); else a new one.
+ */
+export type NewClaim = Claim & { token?: string };
+
+/** What a claim stamps besides its status: the owner, a new token, the lease. */
+const claimedBy = (claim: NewClaim) =>
+  sql.fragment`claimed_by = ${claim.workerId}, claim_token = ${claim.token ?? newClaimToken()}, lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })}`;
+
 /** Counters a worker reports with a suspension or a settle. */
 export type RunTotals = { iterations: number; toolCalls: number; inputTokens: number; outputTokens: number };
 
@@ -156,20 +192,18 @@ const totalsFragment = (totals: RunTotals | undefined) =>
 export const HANDOFF_PREFIX = 'handoff:';
 
 /** QUEUED → RUNNING for one run whose delay has passed; stamps the owner and the lease. */
-export async function claimQueuedRun(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+export async function claimQueuedRun(db: Db, runId: string, claim: NewClaim): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to('CLAIM')}, claimed_by = ${claim.workerId},
-      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+    UPDATE runs SET status = ${to('CLAIM')}, ${claimedBy(claim)},
       started_at = coalesce(started_at, now()), revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('CLAIM')}) AND available_at <= now()
     RETURNING *`);
 }
 
 /** Claims up to `limit` due runs in one statement; concurrent claimers skip each other's rows. */
-export async function claimQueuedRuns(db: Db, limit: number, claim: Claim): Promise<readonly RunRow[]> {
+export async function claimQueuedRuns(db: Db, limit: number, claim: NewClaim): Promise<readonly RunRow[]> {
   return db.any(sql.type(runRow)`
-    UPDATE runs SET status = ${to('CLAIM')}, claimed_by = ${claim.workerId},
-      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+    UPDATE runs SET status = ${to('CLAIM')}, ${claimedBy(claim)},
       started_at = coalesce(started_at, now()), revision = revision + 1, updated_at = now()
     WHERE id IN (
       SELECT id FROM runs WHERE ${OPEN_RUN} AND status = ANY(${from('CLAIM')}) AND available_at <= now()
@@ -177,11 +211,11 @@ export async function claimQueuedRuns(db: Db, limit: number, claim: Claim): Prom
     RETURNING *`);
 }
 
-/** Extends the lease only while this worker still owns the running run; false means it is lost. */
-export async function renewLease(db: Db, runId: string, claim: Claim): Promise<boolean> {
+/** Extends the lease only while this claim still holds the running run; false means it is lost. */
+export async function renewLease(db: Db, runId: string, claim: HeldClaim): Promise<boolean> {
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })}
-    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${claim.workerId}
+    WHERE id = ${runId} AND status = 'running' AND ${heldBy(claim)}
     RETURNING id`);
   return row !== null;
 }
@@ -191,10 +225,10 @@ export async function renewLease(db: Db, runId: string, claim: Claim): Promise<b
  * process drives again after the database came back (its write was lost with the connection).
  * Null when the run is no longer its own (settled by a write that did commit, requeued, cancelled).
  */
-export async function reclaimHeldRun(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+export async function reclaimHeldRun(db: Db, runId: string, claim: HeldClaim): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })}
-    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${claim.workerId}
+    WHERE id = ${runId} AND status = 'running' AND ${heldBy(claim)}
     RETURNING *`);
 }
 
@@ -217,7 +251,7 @@ export async function suspendRun(
   db: Db,
   sealer: Sealer,
   runId: string,
-  workerId: string,
+  holder: Holder,
   status: SuspendStatus,
   state: unknown,
   totals?: RunTotals,
@@ -231,7 +265,7 @@ export async function suspendRun(
     UPDATE runs SET status = ${to(event)}, suspended_state = ${sql.binary(sealed)}, ${due}
       claimed_by = NULL, lease_expires_at = NULL, inside_non_idempotent_call = NULL,
       revision = revision + 1, updated_at = now() ${totalsFragment(totals)}
-    WHERE id = ${runId} AND status = ANY(${from(event)}) AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = ANY(${from(event)}) AND ${heldBy(holder)}
     RETURNING *`);
 }
 
@@ -244,15 +278,14 @@ export async function claimForResume(
   db: Db,
   runId: string,
   waitingStatus: SuspendStatus,
-  claim: Claim,
+  claim: NewClaim,
   expectedRevision?: number,
   resume?: { sealer: Sealer; state: unknown },
 ): Promise<RunRow | null> {
   const event = RESUME_EVENT[waitingStatus];
   const state = resume ? sql.fragment`, suspended_state = ${sql.binary(resume.sealer.sealJson(suspendedStateContext(runId), resume.state))}` : sql.fragment``;
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to(event)}, claimed_by = ${claim.workerId},
-      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+    UPDATE runs SET status = ${to(event)}, ${claimedBy(claim)},
       revision = revision + 1, updated_at = now() ${state}
     WHERE id = ${runId} AND status = ${waitingStatus} AND status = ANY(${from(event)})
       ${expectedRevision === undefined ? sql.fragment`` : sql.fragment`AND revision = ${expectedRevision}`}
@@ -263,20 +296,19 @@ export async function claimForResume(
  * A worker takes over a resume that a decider (CLI, UI, API) claimed as `handoff:<nonce>`. Only
  * that handoff is taken, by one worker.
  */
-export async function takeOverHandoff(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+export async function takeOverHandoff(db: Db, runId: string, claim: NewClaim): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET claimed_by = ${claim.workerId},
-      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+    UPDATE runs SET ${claimedBy(claim)},
       revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`}
     RETURNING *`);
 }
 
 /** Marks (or clears) that the run is inside a non-idempotent tool call; only the owner may. */
-export async function markNonIdempotentCall(db: Db, runId: string, workerId: string, toolCallId: string | null): Promise<boolean> {
+export async function markNonIdempotentCall(db: Db, runId: string, holder: Holder, toolCallId: string | null): Promise<boolean> {
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET inside_non_idempotent_call = ${toolCallId}
-    WHERE id = ${runId} AND status = 'running' AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = 'running' AND ${heldBy(holder)}
     RETURNING id`);
   return row !== null;
 }
@@ -291,10 +323,10 @@ export type HeldRunLevels = Ceilings & { revision: number };
  * Locks the run for a step that writes beside it (outputs, a provider switch), but only while this
  * worker holds it; null means it does not any more (lease lost, cancelled) and the step writes nothing.
  */
-export async function lockHeldRun(db: Db, runId: string, workerId: string): Promise<HeldRunLevels | null> {
+export async function lockHeldRun(db: Db, runId: string, holder: Holder): Promise<HeldRunLevels | null> {
   const row = await db.maybeOne(sql.type(z.object({ audit_level: z.string(), answer_level: z.string(), revision: z.number() }))`
     SELECT audit_level, answer_level, revision FROM runs
-    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = ANY(${held()}) AND ${heldBy(holder)}
     FOR UPDATE`);
   return row && { auditLevel: row.audit_level as PrivacyLevel, answerLevel: row.answer_level as PrivacyLevel, revision: row.revision };
 }
@@ -306,14 +338,14 @@ export async function lockHeldRun(db: Db, runId: string, workerId: string): Prom
 export async function switchRunProvider(
   db: Db,
   runId: string,
-  workerId: string,
+  holder: Holder,
   provider: string,
   ceilings: Ceilings,
 ): Promise<boolean> {
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET audit_level = ${ceilings.auditLevel}, answer_level = ${ceilings.answerLevel}, provider = ${provider},
       revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = ANY(${held()}) AND ${heldBy(holder)}
     RETURNING id`);
   return row !== null;
 }
@@ -328,7 +360,7 @@ export async function saveMachineProgress(
   db: Db,
   sealer: Sealer,
   runId: string,
-  workerId: string,
+  holder: Holder,
   progress: { state: unknown; machineHash: string; machineState: unknown; insideNonIdempotentStep: string | null },
 ): Promise<boolean> {
   const sealed = sealer.sealJson(suspendedStateContext(runId), progress.state);
@@ -337,7 +369,7 @@ export async function saveMachineProgress(
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET suspended_state = ${sql.binary(sealed)}, machine_hash = ${progress.machineHash},
       machine_state = ${sql.jsonb(progress.machineState as never)}, inside_non_idempotent_call = ${progress.insideNonIdempotentStep}, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = ANY(${held()}) AND ${heldBy(holder)}
     RETURNING id`);
   return row !== null;
 }
@@ -410,10 +442,9 @@ export async function listTimerWaits(db: Db, limit: number): Promise<readonly { 
  * A waiting run whose timer is due → RUNNING by a worker (a job that fired early, or after the
  * wait was answered, finds nothing).
  */
-export async function claimDueTimer(db: Db, runId: string, claim: Claim): Promise<RunRow | null> {
+export async function claimDueTimer(db: Db, runId: string, claim: NewClaim): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to('TIMER_DUE')}, claimed_by = ${claim.workerId},
-      lease_expires_at = now() + ${sql.interval({ seconds: claim.leaseMs / 1000 })},
+    UPDATE runs SET status = ${to('TIMER_DUE')}, ${claimedBy(claim)},
       timer_due_at = NULL, revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('TIMER_DUE')}) AND timer_due_at <= now()
     RETURNING *`);
@@ -423,10 +454,10 @@ export async function claimDueTimer(db: Db, runId: string, claim: Claim): Promis
  * Announces the outputs the held run stores in the same transaction, at the revision this write
  * reaches: the projector turns each revision into journal events.
  */
-export async function announceRunOutputs(db: Db, runId: string, workerId: string): Promise<boolean> {
+export async function announceRunOutputs(db: Db, runId: string, holder: Holder): Promise<boolean> {
   const row = await db.maybeOneFirst(sql.type(z.object({ id: z.string() }))`
     UPDATE runs SET revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${held()}) AND claimed_by = ${workerId}
+    WHERE id = ${runId} AND status = ANY(${held()}) AND ${heldBy(holder)}
     RETURNING id`);
   return row !== null;
 }
@@ -438,8 +469,8 @@ export type SettleInput = {
   /** Why, without content: a guardrail's name and configured reason, a provider's error class. */
   failureDetail?: Record<string, unknown> | null;
   totals?: RunTotals;
-  /** When given, only this worker's claim may settle (a worker that lost its lease cannot). */
-  workerId?: string;
+  /** When given, only this claim may settle (a worker that lost its lease cannot, nor one whose run was claimed again). */
+  holder?: Holder;
 };
 
 export type SettleResult = { settled: true; run: RunRow } | { settled: false; current: RunStatus | null };
@@ -453,7 +484,7 @@ const SETTLED = sql.fragment`claimed_by = NULL, lease_expires_at = NULL, inside_
 
 export type CompletedSettle = {
   runId: string;
-  workerId: string;
+  holder: Holder;
   reason: CompletionReason;
   totals: RunTotals;
   /** The status time the writer chose (decision 0029, sql/0018); without it, the transaction's. */
@@ -461,10 +492,11 @@ export type CompletedSettle = {
 };
 
 /** A completion's row for completeRunsStatement. */
-export function settleRow({ runId, workerId, reason, totals, at }: CompletedSettle) {
+export function settleRow({ runId, holder, reason, totals, at }: CompletedSettle) {
   return SETTLE_ROW.row({
     id: runId,
-    worker: workerId,
+    worker: holder.workerId,
+    token: holder.token,
     reason,
     truncated: TRUNCATING_REASONS.includes(reason),
     iterations: totals.iterations,
@@ -479,6 +511,7 @@ export function settleRow({ runId, workerId, reason, totals, at }: CompletedSett
 const SETTLE_ROW = rowShape([
   ['id', 'uuid'],
   ['worker', 'text'],
+  ['token', 'uuid'],
   ['reason', 'text'],
   ['truncated', 'bool'],
   ['iterations', 'int4'],
@@ -504,7 +537,7 @@ export function completeRunsStatement(rows: readonly ShapedRow[], onlyRunsOf: Id
       ${SETTLED}, status_changed_at = coalesce(to_timestamp(v.at / 1000.0), r.status_changed_at),
       iterations = v.iterations, tool_calls = v.tool_calls, input_tokens = v.input_tokens, output_tokens = v.output_tokens
     FROM ${SETTLE_ROW.unnest(rows, 'v')}
-    WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker
+    WHERE r.id = v.id AND r.status = ANY(${from('COMPLETE')}) AND r.claimed_by = v.worker AND r.claim_token = v.token
       ${onlyRunsOf === null ? sql.fragment`` : sql.fragment`AND r.id IN (SELECT run_id FROM ${onlyRunsOf})`}`;
 }
 
@@ -527,7 +560,7 @@ export async function settleRun(db: Db, logger: KeelLogger, runId: string, input
       failure_detail = ${input.failureDetail ? sql.jsonb(input.failureDetail as never) : null},
       ${SETTLED} ${totalsFragment(input.totals)}
     WHERE id = ${runId} AND status = ANY(${from(event)})
-      ${input.workerId === undefined ? sql.fragment`` : sql.fragment`AND (status <> 'running' OR claimed_by = ${input.workerId})`}
+      ${input.holder === undefined ? sql.fragment`` : sql.fragment`AND ${heldBy(input.holder)}`}
     RETURNING *`);
   if (run) return { settled: true, run };
   const current = await db.maybeOneFirst(sql.type(z.object({ status: z.string() }))`SELECT status FROM runs WHERE id = ${runId}`);
@@ -570,7 +603,7 @@ export type CancelResult = SettleResult | (Extract<SettleResult, { settled: true
 /** RUNNING with an expired lease → QUEUED after `delayMs` (the reaper). */
 export async function requeueRun(db: Db, runId: string, delayMs: number): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, lease_expires_at = NULL,
+    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL,
       requeue_count = requeue_count + 1, available_at = now() + ${sql.interval({ seconds: delayMs / 1000 })},
       revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND lease_expires_at < now()
@@ -581,11 +614,11 @@ export async function requeueRun(db: Db, runId: string, delayMs: number): Promis
  * A worker shutting down gives a run back: RUNNING → QUEUED at once, by its owner, without
  * counting a requeue (nothing went wrong). A run inside a non-idempotent call is not released.
  */
-export async function releaseRun(db: Db, runId: string, workerId: string): Promise<RunRow | null> {
+export async function releaseRun(db: Db, runId: string, holder: Holder): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
-    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, lease_expires_at = NULL, available_at = now(),
+    UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL, available_at = now(),
       revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND claimed_by = ${workerId} AND inside_non_idempotent_call IS NULL
+    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND ${heldBy(holder)} AND inside_non_idempotent_call IS NULL
     RETURNING *`);
 }
 
@@ -594,7 +627,7 @@ export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | nul
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to('DEAD_LETTER')}, termination_reason = 'retries_exhausted',
       failure_detail = jsonb_build_object('requeues', requeue_count, 'insideNonIdempotentCall', inside_non_idempotent_call IS NOT NULL),
-      claimed_by = NULL, lease_expires_at = NULL, queued_request = NULL, suspended_state = NULL,
+      claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL, queued_request = NULL, suspended_state = NULL,
       settled_at = now(), revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now()
     RETURNING *`);

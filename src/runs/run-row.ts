@@ -12,6 +12,8 @@ export const runRow = z.object({
   truncated: z.boolean(),
   revision: z.number(),
   claimed_by: z.string().nullable(),
+  /** The token of the run's last claim (sql/0031): the fence every write of a held run carries; cleared by a requeue, a dead-letter, a release. */
+  claim_token: z.string().nullable().optional(),
   lease_expires_at: z.number().nullable(),
   requeue_count: z.number(),
   available_at: z.number(),

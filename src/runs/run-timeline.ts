@@ -6,7 +6,7 @@ import { stateText } from '../statecharts/definition-graph.js';
 // read: never an event's `content`, so the timeline shows nothing a metadata audit level hides.
 
 export type WaitKind = 'input' | 'approval' | 'timer' | 'dependency';
-export type SegmentKind = 'state' | 'step' | 'wait' | 'retry' | 'requeue';
+export type SegmentKind = 'state' | 'step' | 'wait' | 'retry' | 'requeue' | 'refused';
 
 export type TimelineSegment = {
   kind: SegmentKind;
@@ -82,7 +82,9 @@ function waitLabel(wait: WaitKind, meta: Meta): string {
  *              performed before (after a crash or a lost lease); and the time a failed run lay
  *              failed until an operator retried it;
  *   - requeue  the time between a run's last trace and the claim that counted a requeue (its lease
- *              expired and the reaper put it back).
+ *              expired and the reaper put it back);
+ *   - refused  the late writes of a worker whose claim the run no longer held, refused by the
+ *              fence (decision 0088): a moment, naming the worker, its claim and what was refused.
  * A segment not over yet (the run is in it now) ends at `now` and is `open`.
  */
 export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEvent[], machineSteps: readonly TimelineMachineStep[], now: number): RunTimeline {
@@ -186,6 +188,14 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
         endedAt = null;
         break;
       }
+      case 'late_write_refused': {
+        const refused = metaOf({ ...event, payload: meta.refused });
+        const what = Object.entries(refused)
+          .map(([write, n]) => (write === 'audit_rows' ? `${count(n) ?? 0} audit rows` : write.replaceAll('_', ' ')))
+          .join(', ');
+        add({ kind: 'refused', label: `late write from worker ${text(meta.worker) ?? '?'} with claim ${text(meta.claim) ?? '?'} refused${what ? `: ${what}` : ''}`, start: at, end: at });
+        break;
+      }
       default:
         if (END_EVENTS.has(event.kind)) {
           abandonCalls(at);
@@ -205,7 +215,7 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
   return { start: run.created_at, end, inProgress, segments };
 }
 
-const KIND_ORDER: readonly SegmentKind[] = ['state', 'wait', 'step', 'retry', 'requeue'];
+const KIND_ORDER: readonly SegmentKind[] = ['state', 'wait', 'step', 'retry', 'requeue', 'refused'];
 
 /** A duration for a person: 850ms, 4.2s, 3m 05s, 2h 10m. */
 export function formatDuration(ms: number): string {

@@ -30,6 +30,7 @@ const FILL: Record<string, string> = {
   'wait(dependency)': '#c27c9e',
   retry: '#c8553d',
   requeue: '#8a6fb0',
+  refused: '#a03030',
 };
 
 const clip = (text: string, max: number) => (text.length > max ? `${text.slice(0, max - 1)}…` : text);

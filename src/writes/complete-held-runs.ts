@@ -127,6 +127,7 @@ const EXPECTED_ROW = rowShape([
   ['run_id', 'uuid'],
   ['task_id', 'uuid'],
   ['worker', 'text'],
+  ['token', 'uuid'],
   ['revision', 'int8'],
   ['level', 'text'],
   ['last_sequence', 'int4'],
@@ -168,7 +169,7 @@ export function heldCompletionCtes([expected, audit, results, settles, journal, 
       FROM ${EXPECTED_ROW.unnest(expected, 'e')}
       JOIN runs r ON r.id = e.run_id
       JOIN a2a_tasks t ON t.id = e.task_id AND t.id = r.task_id
-      WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.revision = e.revision AND r.answer_level = e.level
+      WHERE r.status = 'running' AND r.claimed_by = e.worker AND r.claim_token = e.token AND r.revision = e.revision AND r.answer_level = e.level
         AND t.answer_level = e.level AND t.last_sequence = e.last_sequence AND t.projected_revision = e.projected_revision
         AND t.projected_state = e.projected_state AND t.history IS NOT DISTINCT FROM e.history
         AND t.status_message IS NULL AND t.artifacts IS NULL AND NOT t.direct_message
@@ -215,7 +216,8 @@ export function heldCompletionRows(items: readonly HeldItem[]): HeldCompletionRo
       EXPECTED_ROW.row({
         run_id: input.runId,
         task_id: input.taskId!,
-        worker: input.workerId,
+        worker: input.holder.workerId,
+        token: input.holder.token,
         revision: input.held.runRevision,
         level: input.held.answerLevel,
         last_sequence: input.held.lastSequence,

@@ -33,6 +33,7 @@ const lockedRow = z.object({
   run_id: z.string(),
   status: z.string(),
   claimed_by: z.string().nullable(),
+  claim_token: z.string().nullable(),
   answer_level: z.string(),
   revision: z.number(),
   task_id: z.string().nullable(),
@@ -62,7 +63,8 @@ function batchable(input: CompletionInput, row: LockedRow | undefined): row is L
     input.taskId !== null &&
     row.task_id === input.taskId &&
     row.status === 'running' &&
-    row.claimed_by === input.workerId &&
+    row.claimed_by === input.holder.workerId &&
+    row.claim_token === input.holder.token &&
     answerIsRetainable(row.answer_level as PrivacyLevel)
   );
 }
@@ -84,7 +86,7 @@ function knownRows(row: LockedRow): KnownRows {
 async function lockRunsAndTasks(transaction: CommonQueryMethods, runIds: readonly string[]): Promise<Map<string, LockedRow>> {
   if (runIds.length === 0) return new Map();
   const rows = await transaction.any(sql.type(lockedRow)`${PREPARED}
-    SELECT r.id AS run_id, r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at,
+    SELECT r.id AS run_id, r.status, r.claimed_by, r.claim_token, r.answer_level, r.revision, r.task_id, r.started_at,
       t.context_id, t.owner, t.agent, t.metadata, t.created_at AS task_created_at, t.history,
       t.projected_revision, t.last_sequence, t.projected_state, now() AS tx_now
     FROM runs r JOIN a2a_tasks t ON t.id = r.task_id

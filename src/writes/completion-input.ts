@@ -3,7 +3,7 @@ import type { AnswerPresentation } from '../../machines/agent-loop.machine.js';
 import type { CompletionReason, TerminationReason } from '../../machines/run.machine.js';
 import type { SerializedRow } from '../runs/audit-trail.js';
 import type { NewRunOutput } from '../runs/run-output-repository.js';
-import type { RunTotals, SettleResult } from '../runs/run-repository.js';
+import type { Holder, RunTotals, SettleResult } from '../runs/run-repository.js';
 import type { RunRow } from '../runs/run-row.js';
 import type { JournalWrite, ProjectionOptions } from '../tasks/journal-writer.js';
 import type { TaskRow } from '../tasks/task-repository.js';
@@ -39,7 +39,8 @@ export type HeldRows = KnownRows & { startedAt: number };
 
 export type CompletionInput = {
   runId: string;
-  workerId: string;
+  /** The claim the run is held under: every write of the completion carries it (decision 0088). */
+  holder: Holder;
   reason: CompletionReason;
   answer: string | null;
   presentation?: AnswerPresentation;
@@ -95,7 +96,7 @@ export type CompletionResult = ({ settled: true; run: SettledRun } | Extract<Set
 
 export type FailureInput = {
   runId: string;
-  workerId: string;
+  holder: Holder;
   reason: TerminationReason;
   errorClass?: string | null;
   failureDetail?: Record<string, unknown> | null;

@@ -113,7 +113,7 @@ export function completionRecord(
     at,
     audit: auditRowsOf(input.runId, audit),
     result: taskResultRow({ taskId, stored, directMessage, answerLevel: known.answerLevel, revision, lastSequence: journal.lastSequence, at }),
-    settle: settleRow({ runId: input.runId, workerId: input.workerId, reason: input.reason, totals: input.totals, at }),
+    settle: settleRow({ runId: input.runId, holder: input.holder, reason: input.reason, totals: input.totals, at }),
     events,
     journal,
     stored,

@@ -119,6 +119,7 @@ export class TaskIntake {
         request,
         at: fast.at,
         trace: run.trace ?? null,
+        claimToken: fast.claim.token,
         task: { contextId: task.contextId, owner: task.owner, metadata: task.metadata, history: task.sealedHistory, pushConfigured: pushConfig !== undefined },
       });
       if (deliveries.length > 0) {

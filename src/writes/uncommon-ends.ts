@@ -21,6 +21,7 @@ import type { CompletionInput, CompletionResult, FailureInput, JournaledEnd } fr
 const lockedRun = z.object({
   status: z.string(),
   claimed_by: z.string().nullable(),
+  claim_token: z.string().nullable(),
   answer_level: z.string(),
   revision: z.number(),
   task_id: z.string().nullable(),
@@ -55,19 +56,19 @@ async function lockRunAndTask(transaction: CommonQueryMethods, runId: string, ta
   const outputs = hasOutputs ? sql.fragment`EXISTS (SELECT 1 FROM run_outputs o WHERE o.run_id = r.id AND o.kind IN ('artifact', 'status'))` : sql.fragment`false`;
   if (taskId === null) {
     const run = await transaction.maybeOne(sql.type(lockedRun)`
-      SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs
+      SELECT r.status, r.claimed_by, r.claim_token, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs
       FROM runs r WHERE r.id = ${runId} FOR UPDATE`);
     return run && { run, task: null };
   }
   const row = await transaction.maybeOne(sql.type(lockedRun.merge(lockedTask))`
-    SELECT r.status, r.claimed_by, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs,
+    SELECT r.status, r.claimed_by, r.claim_token, r.answer_level, r.revision, r.task_id, r.started_at, ${outputs} AS has_outputs,
       t.context_id, t.owner, t.agent, t.answer_level AS task_answer_level, t.metadata, t.created_at AS task_created_at,
       t.status_message, t.artifacts, t.history, t.direct_message, t.projected_revision, t.last_sequence, t.projected_state
     FROM runs r JOIN a2a_tasks t ON t.id = r.task_id
     WHERE r.id = ${runId} FOR UPDATE OF r, t`);
   if (!row) return null;
-  const { status, claimed_by, answer_level, revision, task_id, started_at, has_outputs, ...task } = row;
-  return { run: { status, claimed_by, answer_level, revision, task_id, started_at, has_outputs }, task };
+  const { status, claimed_by, claim_token, answer_level, revision, task_id, started_at, has_outputs, ...task } = row;
+  return { run: { status, claimed_by, claim_token, answer_level, revision, task_id, started_at, has_outputs }, task };
 }
 
 /** The task's content after a failure's settle: opened for the journal's events, sealed as the row holds it. */
@@ -136,10 +137,10 @@ export async function completeRunAlone(transaction: CommonQueryMethods, sealer: 
   const options = input.projection ?? DEFAULT_PROJECTION_OPTIONS;
   const locked = await lockRunAndTask(transaction, input.runId, input.taskId, input.hasOutputs);
   const settle = async (): Promise<CompletionResult> => ({
-    ...(await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, workerId: input.workerId, totals: input.totals })),
+    ...(await settleRun(transaction, logger, input.runId, { status: 'completed', reason: input.reason, holder: input.holder, totals: input.totals })),
     journaled: null,
   });
-  if (!locked || locked.run.status !== 'running' || locked.run.claimed_by !== input.workerId) return settle();
+  if (!locked || locked.run.status !== 'running' || locked.run.claimed_by !== input.holder.workerId || locked.run.claim_token !== input.holder.token) return settle();
   const { run, task } = locked;
   const level = run.answer_level as PrivacyLevel;
 
@@ -163,7 +164,7 @@ export async function completeRunAlone(transaction: CommonQueryMethods, sealer: 
   const failed = await settleRun(transaction, logger, input.runId, {
     status: 'failed',
     reason: 'result_not_retainable',
-    workerId: input.workerId,
+    holder: input.holder,
     totals: input.totals,
     failureDetail: { answerLevel: level },
   });
@@ -189,7 +190,7 @@ export async function failHeldRun(pool: DatabasePool, sealer: Sealer, logger: Ke
   const settleInput = {
     status: 'failed' as const,
     reason: input.reason,
-    workerId: input.workerId,
+    holder: input.holder,
     ...(input.errorClass === undefined ? {} : { errorClass: input.errorClass }),
     ...(input.failureDetail === undefined ? {} : { failureDetail: input.failureDetail }),
     ...(input.totals === undefined ? {} : { totals: input.totals }),

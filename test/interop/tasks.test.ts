@@ -11,7 +11,7 @@ import { projectRun } from '../../src/tasks/task-projector.js';
 import { pruneContextHistory, purgeExpiredRuns } from '../../src/tasks/retention.js';
 import { readJournal } from '../../src/tasks/journal.js';
 import { sdkClient, textMessage } from '../support/a2a-client.js';
-import { TEST_TOOLS_MODULE } from '../support/run-helpers.js';
+import { TEST_TOOLS_MODULE, testClaim, testHolder } from '../support/run-helpers.js';
 import { readSse } from '../support/sse.js';
 import { createEmptyDatabase } from '../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../support/test-keel.js';
@@ -225,11 +225,11 @@ describe('a crash between the completion commit and projection', () => {
     const offline = await startTestKeel({ databaseUrl: database.url, env: { KEEL_MASTER_KEY: masterKey }, overrides, start: { role: 'api' } });
     const client = await sdkClient(offline.url, 'echo', token);
     const task = (await client.sendMessage(textMessage('crash me', { returnImmediately: true }))) as { id: string };
-    const claimed = await claimQueuedRun(offline.context.pool, task.id, { workerId: 'crashed-worker', leaseMs: 60_000 });
+    const claimed = await claimQueuedRun(offline.context.pool, task.id, testClaim('crashed-worker'));
     expect(claimed).not.toBeNull();
     const settled = await completeRun(offline.context.pool, offline.context.sealer, silentLogger(), {
       runId: task.id,
-      workerId: 'crashed-worker',
+      holder: testHolder('crashed-worker'),
       reason: 'completed',
       answer: 'survived the crash',
       taskId: task.id,

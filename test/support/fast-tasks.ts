@@ -12,7 +12,8 @@ import { sealTaskHistory } from '../../src/tasks/task-repository.js';
 
 const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
 
-export type FastClaim = { workerId: string; leaseMs: number };
+/** A fast run's claim: its worker, lease and token (each fast task's own when not given). */
+export type FastClaim = { workerId: string; leaseMs: number; token?: string };
 
 export type FastTask = { creation: TaskCreation; run: FastRun; audit: AuditTrail; claim: FastClaim; rolledBack: number };
 
@@ -27,7 +28,8 @@ export type FastTaskOptions = {
 };
 
 export function fastTask(options: FastTaskOptions): FastTask {
-  const { sealer, owner, claim } = options;
+  const { sealer, owner } = options;
+  const claim = { ...options.claim, token: options.claim.token ?? randomUUID() };
   const id = randomUUID();
   const contextId = options.contextId ?? id;
   const text = options.text ?? 'hello';
@@ -43,7 +45,7 @@ export function fastTask(options: FastTaskOptions): FastTask {
       run: { id, agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', taskId: id, request },
       fast: { claim, at },
     },
-    run: { id, agent: 'echo', taskId: id, auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', request, at, task: { contextId, owner, metadata, history: sealedHistory, pushConfigured: false } },
+    run: { id, agent: 'echo', taskId: id, auditLevel: 'metadata', answerLevel: 'full', provider: 'echo', request, at, claimToken: claim.token, task: { contextId, owner, metadata, history: sealedHistory, pushConfigured: false } },
     audit: new AuditTrail(id, 'metadata', 0, logger),
     claim,
     rolledBack: 0,
@@ -56,7 +58,7 @@ export function heldCompletion(fast: FastTask): HeldCompletion {
   fast.audit.record({ kind: 'completed', meta: { reason: 'completed' } });
   return {
     runId: fast.run.id,
-    workerId: fast.claim.workerId,
+    holder: { workerId: fast.claim.workerId, token: fast.claim.token! },
     reason: 'completed',
     answer: `echo: ${fast.run.id}`,
     totals: { iterations: 1, toolCalls: 0, inputTokens: 2, outputTokens: 3 },

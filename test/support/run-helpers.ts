@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { createAgentRun, enqueueRun } from '../../src/runs/create-agent-run.js';
 import { userRequest } from '../../src/runs/run-request.js';
 import type { RunRow } from '../../src/runs/run-row.js';
@@ -29,3 +30,16 @@ export async function storedSettledRun(pool: DatabasePool, runId: string): Promi
   const run = await getRun(pool, runId);
   return run && { id: run.id, task_id: run.task_id, status: run.status, termination_reason: run.termination_reason, failure_detail: run.failure_detail };
 }
+
+/**
+ * A test worker's holder: its name, and a claim token fixed by the name (a UUID from its hash), so
+ * a test that claims with `testClaim(name)` writes as `testHolder(name)`. Each claim of a real
+ * worker stamps a new token (decision 0088); a test wanting that passes a token of its own.
+ */
+export const testHolder = (workerId: string): { workerId: string; token: string } => {
+  const hex = createHash('sha256').update(`keel-test-worker:${workerId}`).digest('hex');
+  return { workerId, token: `${hex.slice(0, 8)}-${hex.slice(8, 12)}-4${hex.slice(13, 16)}-8${hex.slice(17, 20)}-${hex.slice(20, 32)}` };
+};
+
+/** A test worker's claim (its lease, and the token of `testHolder`). */
+export const testClaim = (workerId: string, leaseMs = 60_000) => ({ ...testHolder(workerId), leaseMs });

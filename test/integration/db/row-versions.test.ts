@@ -1,3 +1,4 @@
+import { testClaim, testHolder } from '../../support/run-helpers.js';
 import { randomUUID } from 'node:crypto';
 import { pino } from 'pino';
 import { sql, type CommonQueryMethods } from 'slonik';
@@ -31,7 +32,7 @@ const sealer = testSealer();
 const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
 const ANONYMOUS = '00000000-0000-0000-0000-000000000000';
 let otherOwner = '';
-const worker = { workerId: 'rows-worker', leaseMs: 60_000 };
+const worker = testClaim('rows-worker');
 
 beforeAll(async () => {
   db = await createTestDatabase();
@@ -225,7 +226,7 @@ describe('a run is written in place until its settle (HOT updates)', () => {
       expect(await writesOf(connection, 'runs', async () => expect(await renewLease(connection, id, worker)).toBe(true))).toEqual({ updates: 1, hot: 1 });
 
       const suspend = await writesOf(connection, 'runs', async () =>
-        expect(await suspendRun(connection, sealer, id, worker.workerId, 'waiting_for_input', { turn: 1 })).not.toBeNull(),
+        expect(await suspendRun(connection, sealer, id, worker, 'waiting_for_input', { turn: 1 })).not.toBeNull(),
       );
       expect(suspend).toEqual({ updates: 1, hot: 1 });
       expect((await taskState(id)).state).toBe('TASK_STATE_INPUT_REQUIRED');
@@ -235,7 +236,7 @@ describe('a run is written in place until its settle (HOT updates)', () => {
       expect((await taskState(id)).state).toBe('TASK_STATE_WORKING');
 
       const settle = await writesOf(connection, 'runs', async () =>
-        expect(await settleRun(connection, logger, id, { status: 'completed', reason: 'completed', workerId: worker.workerId })).toMatchObject({ settled: true }),
+        expect(await settleRun(connection, logger, id, { status: 'completed', reason: 'completed', holder: worker })).toMatchObject({ settled: true }),
       );
       expect(settle).toEqual({ updates: 1, hot: 0 });
       expect((await taskState(id)).state).toBe('TASK_STATE_COMPLETED');

@@ -1,3 +1,4 @@
+import { testClaim, testHolder } from '../../support/run-helpers.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { timeOutApprovals } from '../../../src/runs/approval-timeout.js';
 import { listRunEvents } from '../../../src/runs/run-event-repository.js';
@@ -69,8 +70,8 @@ describe(`approval timeout in the maintenance sweep on the ${testQueueKind()} qu
   /** A run waiting for an approval since `hoursAgo`, at the given audit level. */
   async function waitingRun(auditLevel: 'none' | 'metadata', hoursAgo: number) {
     const run = await createRun(db.pool, sealer, { agent: 'mailer', auditLevel, answerLevel: 'full', request: {} });
-    await claimQueuedRun(db.pool, run.id, { workerId: 'w1', leaseMs: 60_000 });
-    await suspendRun(db.pool, sealer, run.id, 'w1', 'waiting_for_approval', { pendingApproval: null });
+    await claimQueuedRun(db.pool, run.id, testClaim('w1'));
+    await suspendRun(db.pool, sealer, run.id, testHolder('w1'), 'waiting_for_approval', { pendingApproval: null });
     await db.pool.query(sql.unsafe`
       UPDATE runs SET status_changed_at = now() - ${sql.interval({ seconds: hoursAgo * 3600 })} WHERE id = ${run.id}`);
     return run.id;

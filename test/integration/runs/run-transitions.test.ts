@@ -1,3 +1,4 @@
+import { testClaim, testHolder } from '../../support/run-helpers.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sql } from 'slonik';
 import { z } from 'zod';
@@ -32,7 +33,7 @@ const sink = new Writable({
 });
 const captureLogger = pino<'notice'>({ level: 'debug', customLevels: { notice: 35 } }, sink);
 
-const worker = (id: string) => ({ workerId: id, leaseMs: 60_000 });
+const worker = (id: string) => testClaim(id);
 const newRun = () => createRun(db.pool, sealer, { agent: 'echo', auditLevel: 'metadata', answerLevel: 'full', request: { text: 'hi' } });
 
 beforeAll(async () => {
@@ -99,7 +100,7 @@ describe('run transitions are guarded writes', () => {
       await claimQueuedRun(db.pool, run.id, worker('c'));
       const [cancelled, completed] = await Promise.all([
         cancelRun(db.pool, captureLogger, run.id),
-        settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', workerId: 'c' }),
+        settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', holder: testHolder('c') }),
       ]);
       expect(Number(cancelled.settled) + Number(completed.settled)).toBe(1);
       const stored = await getRun(db.pool, run.id);
@@ -116,7 +117,7 @@ describe('run transitions are guarded writes', () => {
     // Resuming a run that is not waiting.
     expect(await claimForResume(db.pool, run.id, 'waiting_for_approval', worker('x'))).toBeNull();
     // Suspending a run nobody claimed.
-    expect(await suspendRun(db.pool, sealer, run.id, 'x', 'waiting_for_input', { q: 1 })).toBeNull();
+    expect(await suspendRun(db.pool, sealer, run.id, testHolder('x'), 'waiting_for_input', { q: 1 })).toBeNull();
     // Requeue and dead-letter only apply to running runs with an expired lease.
     expect(await requeueRun(db.pool, run.id, 0)).toBeNull();
     expect(await deadLetterRun(db.pool, run.id)).toBeNull();
@@ -151,9 +152,9 @@ describe('run transitions are guarded writes', () => {
     expect(requeued).toMatchObject({ status: 'queued', requeue_count: 1, claimed_by: null });
     await claimQueuedRun(db.pool, run.id, worker('second'));
     expect(await renewLease(db.pool, run.id, worker('owner'))).toBe(false);
-    const stale = await settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', workerId: 'owner' });
+    const stale = await settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', holder: testHolder('owner') });
     expect(stale.settled).toBe(false);
-    const fresh = await settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', workerId: 'second' });
+    const fresh = await settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'completed', holder: testHolder('second') });
     expect(fresh.settled).toBe(true);
   });
 
@@ -173,7 +174,7 @@ describe('run transitions are guarded writes', () => {
   it('suspension stores sealed state; two resumes race and exactly one claims', async () => {
     const run = await newRun();
     await claimQueuedRun(db.pool, run.id, worker('s'));
-    const suspended = await suspendRun(db.pool, sealer, run.id, 's', 'waiting_for_approval', { pending: ['tool'] });
+    const suspended = await suspendRun(db.pool, sealer, run.id, testHolder('s'), 'waiting_for_approval', { pending: ['tool'] });
     expect(suspended).toMatchObject({ status: 'waiting_for_approval', claimed_by: null, lease_expires_at: null });
     const opened = sealer.openJson(suspendedStateContext(run.id), suspended!.suspended_state!);
     expect(opened).toEqual({ ok: true, value: { pending: ['tool'] } });
@@ -188,7 +189,7 @@ describe('run transitions are guarded writes', () => {
   it('every committed change increments the revision', async () => {
     const run = await newRun();
     await claimQueuedRun(db.pool, run.id, worker('v'));
-    await suspendRun(db.pool, sealer, run.id, 'v', 'waiting_for_input', {});
+    await suspendRun(db.pool, sealer, run.id, testHolder('v'), 'waiting_for_input', {});
     await claimForResume(db.pool, run.id, 'waiting_for_input', worker('v'));
     await settleRun(db.pool, captureLogger, run.id, { status: 'completed', reason: 'max_iterations' });
     const stored = await getRun(db.pool, run.id);

@@ -1,3 +1,4 @@
+import { testClaim, testHolder } from '../../support/run-helpers.js';
 import { randomBytes } from 'node:crypto';
 import { chmodSync, existsSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
@@ -56,9 +57,9 @@ async function populate(pool: DatabasePool, sealer: Sealer, runs: number, suspen
     expected.set(run.id, { request });
   }
   for (const [id, entry] of [...expected].slice(0, suspended)) {
-    expect(await claimQueuedRun(pool, id, { workerId: 'w1', leaseMs: 60_000 })).not.toBeNull();
+    expect(await claimQueuedRun(pool, id, testClaim('w1'))).not.toBeNull();
     const state = { transcript: [{ role: 'user', text: `hello ${id}` }], pending: { tool: 'search', args: { q: id } } };
-    expect(await suspendRun(pool, sealer, id, 'w1', 'waiting_for_approval', state)).not.toBeNull();
+    expect(await suspendRun(pool, sealer, id, testHolder('w1'), 'waiting_for_approval', state)).not.toBeNull();
     entry.state = state;
   }
   return expected;

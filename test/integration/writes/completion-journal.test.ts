@@ -1,3 +1,4 @@
+import { testClaim, testHolder } from '../../support/run-helpers.js';
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -68,12 +69,12 @@ const watermark = (taskId: string) =>
 /** A task with a push config, claimed by the test as a worker would claim it (no projection of the claim). */
 async function claimedTask(text: string): Promise<string> {
   const { taskId } = await sendWithPush(keel.url, token, 'echo', text, HOOK);
-  expect(await claimQueuedRun(pool, taskId, { workerId: WORKER, leaseMs: 60_000 })).not.toBeNull();
+  expect(await claimQueuedRun(pool, taskId, testClaim(WORKER))).not.toBeNull();
   return taskId;
 }
 
 const complete = (taskId: string, answer: string, presentation: AnswerPresentation = 'artifact') =>
-  completeRun(pool, keel.context.sealer, silentLogger(), { runId: taskId, workerId: WORKER, reason: 'completed', answer, presentation, taskId, hasOutputs: false, totals });
+  completeRun(pool, keel.context.sealer, silentLogger(), { runId: taskId, holder: testHolder(WORKER), reason: 'completed', answer, presentation, taskId, hasOutputs: false, totals });
 
 describe('the completion transaction journals the run it settles', () => {
   it('writes the terminal journal rows and their deliveries itself, at the run revision, committed synchronously', async () => {
@@ -124,7 +125,7 @@ describe('the completion transaction journals the run it settles', () => {
     const before = await lastLogId();
     const failed = await failHeldRun(pool, keel.context.sealer, silentLogger(), {
       runId: taskId,
-      workerId: WORKER,
+      holder: testHolder(WORKER),
       reason: 'policy_denied',
       failureDetail: { guardrail: 'no-secrets' },
       taskId,
@@ -199,7 +200,7 @@ describe('one source for both writers', () => {
     { name: 'an answer as a direct message', end: (taskId) => complete(taskId, 'as a direct message', 'direct_message') },
     {
       name: 'a failure',
-      end: (taskId) => failHeldRun(pool, keel.context.sealer, silentLogger(), { runId: taskId, workerId: WORKER, reason: 'provider_failed', errorClass: 'server_error', taskId, hasOutputs: false }),
+      end: (taskId) => failHeldRun(pool, keel.context.sealer, silentLogger(), { runId: taskId, holder: testHolder(WORKER), reason: 'provider_failed', errorClass: 'server_error', taskId, hasOutputs: false }),
     },
   ];
   for (const { name, end } of cases) {

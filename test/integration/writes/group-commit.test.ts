@@ -12,7 +12,7 @@ import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
-import { storedSettledRun } from '../../support/run-helpers.js';
+import { storedSettledRun, testClaim, testHolder } from '../../support/run-helpers.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf, newClientToken } from '../push/push-support.js';
 
@@ -22,7 +22,7 @@ import { journalOf, newClientToken } from '../push/push-support.js';
 
 const sealer = testSealer();
 const logger = pino<'notice'>({ level: 'silent', customLevels: { notice: 35 } });
-const claim = { workerId: 'group-worker', leaseMs: 60_000 };
+const claim = testClaim('group-worker');
 
 let db: TestDatabase;
 let owner = '';
@@ -84,7 +84,7 @@ describe('creations', () => {
 describe('completions', () => {
   const completion = (id: string, overrides: Partial<CompletionInput> = {}): CompletionInput => ({
     runId: id,
-    workerId: claim.workerId,
+    holder: claim,
     reason: 'completed',
     answer: `answer of ${id}`,
     totals: { iterations: 1, toolCalls: 0, inputTokens: 1, outputTokens: 1 },
@@ -148,7 +148,7 @@ describe('completions', () => {
 describe('completions written together', () => {
   const completion = (id: string, presentation: 'artifact' | 'status_message' | 'direct_message', answer: string): CompletionInput => ({
     runId: id,
-    workerId: claim.workerId,
+    holder: claim,
     reason: presentation === 'artifact' ? 'completed' : 'max_iterations',
     answer,
     presentation,
