@@ -3,7 +3,7 @@ import type { Command } from 'commander';
 import { RUN_STATUSES, TERMINATION_REASONS, type RunStatus } from '../../machines/run.machine.js';
 import { configBaseDir, type KeelConfig } from '../config/load-config.js';
 import { cancelRun, getRun, listRuns } from '../runs/run-repository.js';
-import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../runs/run-recovery.js';
+import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../recovery/run-recovery.js';
 import { loadStatechart, type StatechartDefinition } from '../statecharts/statechart-definition.js';
 import { stepApprovalOf, waitingStep, type StepApproval } from '../ui/step-approval.js';
 import { dueOpenDependenciesOfRun } from '../remote/dependency-repository.js';

@@ -1,6 +1,5 @@
 import type { Span } from '@opentelemetry/api';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { headerValue } from '../a2a/binding-support.js';
 import { inInboxCallbackSpan } from '../tracing/client-spans.js';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
 import type { KeelConfig } from '../config/load-config.js';
@@ -30,6 +29,12 @@ export function streamResponseKind(body: unknown): (typeof KINDS)[number] | null
   if (present.length !== 1) return null;
   const value = (body as Record<string, unknown>)[present[0]!];
   return typeof value === 'object' && value !== null && !Array.isArray(value) ? present[0]! : null;
+}
+
+/** A request header's first value (Fastify gives a repeated header as an array). */
+function headerValue(request: FastifyRequest, name: string): string | undefined {
+  const value = request.headers[name];
+  return Array.isArray(value) ? value[0] : value;
 }
 
 export function registerInboxRoutes(app: FastifyInstance, deps: InboxDeps): void {

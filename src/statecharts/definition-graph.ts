@@ -21,7 +21,7 @@ import { stateNodesOf } from '../../machines/step-machine.js';
 export const ANY_STATE = '*';
 /** The event of a nest edge (a compound state entering its initial child) and of a run's first step. */
 export const INIT_EVENT = 'xstate.init';
-/** The event of a run's path row an operator's retry writes: the run stands in that state again (src/runs/run-recovery.ts). */
+/** The event of a run's path row an operator's retry writes: the run stands in that state again (src/recovery/run-recovery.ts). */
 export const RETRY_EVENT = 'keel.retry';
 
 export type StateKind = 'atomic' | 'compound' | 'parallel' | 'final' | 'history';

@@ -1,14 +1,21 @@
 import { SpanKind } from '@opentelemetry/api';
-import type { Provider, ProviderOutcome, ToolCall } from '../providers/provider.js';
-import type { ToolResult } from '../tools/tool.js';
 import { inSpan } from './keel-tracer.js';
 
 // The GenAI semantic conventions' spans of a run's steps: one per model call (each attempt) and
 // one per tool call. Names, ids, counts and outcomes only: never a prompt, a reply, a tool's
-// arguments or result, at any privacy level.
+// arguments or result, at any privacy level. The shapes below are what the spans read of a
+// provider, its outcome, a tool call and its result (src/providers/, src/tools/), written out so
+// that tracing stays below the folders it traces (test/unit/layout/import-layers.test.ts).
+
+/** What a model call's span reads of its provider. */
+export type TracedProvider = { name: string; type: string; model?: string | null };
+/** What a model call's span reads of its outcome. */
+export type TracedModelOutcome =
+  | { ok: true; reply: { usage: { inputTokens: number; outputTokens: number }; toolCalls: readonly unknown[] } }
+  | { ok: false; failure: { class: string; status?: number } };
 
 /** One model call: `chat <model>`, with the tokens the provider reported. */
-export function inModelCallSpan(provider: Provider, step: { iteration: number; attempt: number }, call: () => Promise<ProviderOutcome>): Promise<ProviderOutcome> {
+export function inModelCallSpan<Outcome extends TracedModelOutcome>(provider: TracedProvider, step: { iteration: number; attempt: number }, call: () => Promise<Outcome>): Promise<Outcome> {
   const model = provider.model ?? provider.name;
   return inSpan(
     `chat ${model}`,
@@ -41,7 +48,7 @@ export function inModelCallSpan(provider: Provider, step: { iteration: number; a
 }
 
 /** One tool call: `execute_tool <tool>`, with its outcome's kind. */
-export function inToolSpan(call: ToolCall, effect: string, run: () => Promise<ToolResult>): Promise<ToolResult> {
+export function inToolSpan<Result extends { kind: string }>(call: { id: string; name: string }, effect: string, run: () => Promise<Result>): Promise<Result> {
   return inSpan(
     `execute_tool ${call.name}`,
     {

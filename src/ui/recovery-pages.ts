@@ -1,5 +1,5 @@
 import { RUN_STATUSES, TERMINATION_REASONS } from '../../machines/run.machine.js';
-import type { BulkItem, BulkReport, RunSelection } from '../runs/run-recovery.js';
+import type { BulkItem, BulkReport, RunSelection } from '../recovery/run-recovery.js';
 import type { RunRow } from '../runs/run-row.js';
 import { html, queryString, raw, type Html } from './html.js';
 import { pill } from './layout.js';

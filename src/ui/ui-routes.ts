@@ -12,7 +12,7 @@ import { listRunEvents } from '../runs/run-event-repository.js';
 import { buildRunTimeline } from '../runs/run-timeline.js';
 import { getRun } from '../runs/run-repository.js';
 import { decideApproval, readSuspendedRun } from '../runs/resume-run.js';
-import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../runs/run-recovery.js';
+import { bulkCancel, bulkRetry, retryRun, selectionProblem, type BulkReport, type Operator, type RecoveryDeps, type RunSelection } from '../recovery/run-recovery.js';
 import type { RunStatus } from '../../machines/run.machine.js';
 import { RETRY_EVENT, stateText } from '../statecharts/definition-graph.js';
 import { bulkPreviewContent, bulkResultContent, retryRefusedContent, selectionForm } from './recovery-pages.js';

@@ -90,7 +90,7 @@ describe("the hot path's statements", () => {
     const at = Date.now();
     return [
       ids.map((id) => [randomUUID(), id, id] as const),
-      ids.map((id, index) => [id, 'echo', index === 0 ? 'running' : 'queued', 'metadata', 'full', null, id, sealed(120), index === 0 ? 'worker-1' : null, index === 0 ? 30_000 : null, index === 0 ? at : null, index === 0 ? 2 : 1]),
+      ids.map((id, index) => [id, 'echo', index === 0 ? 'running' : 'queued', 'metadata', 'full', null, id, sealed(120), index === 0 ? 'worker-1' : null, index === 0 ? randomUUID() : null, index === 0 ? 30_000 : null, index === 0 ? at : null, index === 0 ? 2 : 1, index === 0 ? '0af7651916cd43dd8448eb211c80319c' : null, index === 0 ? 'b7ad6b7169203331' : null, null]),
       ids.map((id, index) => [id, randomUUID(), randomUUID(), 'echo', 'TASK_STATE_WORKING', 'full', sealed(90), '{"a":"b\\"c"}', at, 2, 1, 'TASK_STATE_WORKING', index === 0 ? `m-${id}` : null, index === 0 ? sealed(40) : null]),
       [[ids[0]!, 1, ids[0]!, 2, 0, 'status', 'TASK_STATE_WORKING', sealed(200)]],
     ];
@@ -128,13 +128,13 @@ describe("the hot path's statements", () => {
     const runId = randomUUID();
     const at = Date.now();
     return [
-      [[runId, runId, 'worker-1', 2, 'full', 1, 2, 'TASK_STATE_WORKING', sealed(90)]],
+      [[runId, runId, 'worker-1', randomUUID(), 2, 'full', 1, 2, 'TASK_STATE_WORKING', sealed(90)]],
       [
         [runId, 1, 'claimed', '{"worker":"worker-1"}', at],
         [runId, 2, 'completed', '{}', at + 1],
       ],
       [[runId, sealed(150), null, false, null, false, 'full', 3, 3, at + 2]],
-      [[runId, 'worker-1', 'completed', false, 1, 0, 10, 20, at + 2]],
+      [[runId, 'worker-1', randomUUID(), 'completed', false, 1, 0, 10, 20, at + 2]],
       [
         [runId, 2, runId, 3, 0, 'artifact', null, sealed(180)],
         [runId, 3, runId, 3, 1, 'status', 'TASK_STATE_COMPLETED', sealed(220)],
@@ -149,7 +149,7 @@ describe("the hot path's statements", () => {
     const sets: Parameters<typeof commonCompletionStatement.with>[0] = [
       runs.map((runId, index) => [runId, index + 1, 'completed', '{"a":"\\u00e9"}', at] as const),
       runs.map((runId) => [runId, sealed(150), sealed(40), true, sealed(300), false, 'redacted', 5, 4, null] as const),
-      runs.map((runId) => [runId, 'worker-2', 'completed', false, 2, 1, 30, 40, null] as const),
+      runs.map((runId) => [runId, 'worker-2', randomUUID(), 'completed', false, 2, 1, 30, 40, null] as const),
       runs.map((runId) => [runId, 4, runId, 5, 0, 'status', 'TASK_STATE_COMPLETED', sealed(220)] as const),
       runs.map((runId) => `${runId} 4 1`),
     ];

@@ -10,9 +10,9 @@ import { activePaths, RETRY_EVENT, stateText } from '../statecharts/definition-g
 import { planRetry, type CommittedPoint, type RestoredState, type RetryPoint, type RetryRefusal } from '../statecharts/retry-point.js';
 import type { StatechartDefinition } from '../statecharts/statechart-definition.js';
 import { clearStatusMessage } from '../tasks/task-repository.js';
-import { appendRunEvent } from './run-event-repository.js';
-import { appendMachineStep, cancelRun, getRun, restorePointContext, restorePointsOf, retryFailedRun } from './run-repository.js';
-import { runRow, type RunRow } from './run-row.js';
+import { appendRunEvent } from '../runs/run-event-repository.js';
+import { appendMachineStep, cancelRun, getRun, restorePointContext, restorePointsOf, retryFailedRun } from '../runs/run-repository.js';
+import { runRow, type RunRow } from '../runs/run-row.js';
 
 // Operator recovery (docs/operator.md, "Recovering runs"): a failed statechart run retried from a
 // state it committed, as a new revision of the same run (same id, same A2A task, which is
