@@ -24,7 +24,7 @@ const serverSchema = z
      * listener closes (docs/deploy.md, "Shutdown timing"). 0: the listener closes at once.
      */
     shutdownReadyDelaySeconds: z
-      .number({ invalid_type_error: 'expected a number of seconds (0 to 300)' })
+      .number()
       .min(0, 'expected 0 or more seconds')
       .max(300, 'expected at most 300 seconds')
       .default(5),
