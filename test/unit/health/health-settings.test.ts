@@ -3,6 +3,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../../src/config/load-config.js';
 import { EventLoopLag } from '../../../src/health/event-loop-lag.js';
+import { buildHttpServer } from '../../../src/http/http-server.js';
+import { createLogger } from '../../../src/log/logger.js';
 import { tempDir } from '../../support/test-keel.js';
 
 // The two pieces /livez and the readiness-first shutdown stand on: the event loop's lag, measured
@@ -56,5 +58,33 @@ describe('server.shutdownReadyDelaySeconds', () => {
       ok: false,
       problems: ['server.shutdownReadyDelaySeconds: expected a number, got "soon" (from KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS)'],
     });
+  });
+});
+
+describe('/livez', () => {
+  it('answers from the lag alone (never the readiness probes): 200 within the bound, 503 beyond it', async () => {
+    let lagMs = 12;
+    let readinessCalls = 0;
+    const app = buildHttpServer({
+      logger: createLogger({ level: 'silent' }, false),
+      bodyLimitBytes: 1_048_576,
+      readiness: async () => {
+        readinessCalls += 1;
+        return { database: { ok: false, reason: 'unreachable' }, queue: { ok: true } };
+      },
+      liveness: { lagMs: () => lagMs, maxLagMs: 10_000 },
+    });
+    try {
+      for (const url of ['/livez', '/healthz']) {
+        const live = await app.inject({ method: 'GET', url });
+        expect([live.statusCode, live.json()]).toEqual([200, { status: 'ok' }]);
+      }
+      lagMs = 12_345;
+      const stalled = await app.inject({ method: 'GET', url: '/livez' });
+      expect([stalled.statusCode, stalled.json()]).toEqual([503, { status: 'stalled', eventLoopLagMs: 12_345, maxLagMs: 10_000 }]);
+      expect(readinessCalls, '/livez reads neither the database nor the queue').toBe(0);
+    } finally {
+      await app.close();
+    }
   });
 });
