@@ -516,6 +516,8 @@ export async function startKeelProcess(options: KeelStartOptions): Promise<KeelC
     KEEL_AUTH_MODE: 'none',
     KEEL_QUEUE_PREFIX: options.queuePrefix,
     KEEL_LOG_LEVEL: process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn',
+    // Nothing routes to a bench's Keel: it stops at once, without the readiness delay.
+    KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS: '0',
     ...options.env,
   };
   delete env.KEEL_QUEUE_REDIS_URL;

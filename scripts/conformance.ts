@@ -139,7 +139,8 @@ async function portIsFree(host: string, port: number): Promise<boolean> {
 function keelEnvironment(databaseUrl: string, masterKey: string): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [name, value] of Object.entries(process.env)) if (!name.startsWith('KEEL_')) env[name] = value;
-  return { ...env, KEEL_DATABASE_URL: databaseUrl, KEEL_MASTER_KEY: masterKey, KEEL_LOG_LEVEL: process.env.KEEL_LOG_LEVEL ?? 'warn' };
+  // No load balancer to drain: the run's Keel stops without the readiness delay.
+  return { ...env, KEEL_DATABASE_URL: databaseUrl, KEEL_MASTER_KEY: masterKey, KEEL_LOG_LEVEL: process.env.KEEL_LOG_LEVEL ?? 'warn', KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS: '0' };
 }
 
 function loadConformanceConfig(env: NodeJS.ProcessEnv): KeelConfig {

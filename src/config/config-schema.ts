@@ -18,6 +18,16 @@ const serverSchema = z
     port: z.number().int().min(0).max(65535).default(8080),
     publicUrl: z.string().url().optional(),
     bodyLimitBytes: z.number().int().min(1024).max(64 * 1024 * 1024).default(1_048_576),
+    /**
+     * At a graceful shutdown (SIGTERM, SIGINT), /readyz answers 503 "shutting down" for this long
+     * while every other request is still served, so a load balancer stops sending here before the
+     * listener closes (docs/deploy.md, "Shutdown timing"). 0: the listener closes at once.
+     */
+    shutdownReadyDelaySeconds: z
+      .number()
+      .min(0, 'expected 0 or more seconds')
+      .max(300, 'expected at most 300 seconds')
+      .default(5),
   })
   .strict();
 

@@ -12,6 +12,13 @@ export type HttpServerOptions = {
   bodyLimitBytes: number;
   readiness: ReadinessCheck;
   /**
+   * Liveness (/livez, and /healthz before it): the event loop's current lag and the bound beyond
+   * which the process counts as stalled. Read from a timer, never from the database or the queue.
+   */
+  liveness: { lagMs: () => number; maxLagMs: number };
+  /** True once a graceful shutdown began: /readyz answers 503 "shutting down" without probing. */
+  shuttingDown?: () => boolean;
+  /**
    * The body of a request refused before routing (bad percent-encoding 400, an over-long path
    * parameter 414, oversized headers 431, a request Node cannot parse 400, a request timeout 408);
    * method and url are null when the request line was not read. By default a plain JSON error.
@@ -38,9 +45,10 @@ function requestLineOf(raw: unknown): { method: string; url: string } | null {
 }
 
 /**
- * The Fastify server of a Keel process. `/healthz` says the process is alive; `/readyz` says it can
- * do work now: 200 only when both the database and the queue backend answer, else 503 with the
- * reason of each failing probe.
+ * The Fastify server of a Keel process. `/livez` (and its older name `/healthz`) says the process is
+ * alive: its event loop turns within the bound; `/readyz` says it can do work now: 200 only when
+ * both the database and the queue backend answer, else 503 with the reason of each failing probe,
+ * and 503 "shutting down" from the start of a graceful shutdown.
  */
 export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
   const refusedAnswer = options.refusedRequestAnswer ?? plainJsonAnswer;
@@ -86,9 +94,16 @@ export function buildHttpServer(options: HttpServerOptions): FastifyInstance {
     },
   });
 
-  app.get('/healthz', async () => ({ status: 'ok' }));
+  const live = async (_request: unknown, reply: FastifyReply) => {
+    const lagMs = options.liveness.lagMs();
+    if (lagMs > options.liveness.maxLagMs) return reply.code(503).send({ status: 'stalled', eventLoopLagMs: lagMs, maxLagMs: options.liveness.maxLagMs });
+    return reply.code(200).send({ status: 'ok' });
+  };
+  app.get('/livez', live);
+  app.get('/healthz', live);
 
   app.get('/readyz', async (_request, reply) => {
+    if (options.shuttingDown?.()) return reply.code(503).send({ status: 'not_ready', reasons: { server: 'shutting down' } });
     const checks = await options.readiness();
     const ready = checks.database.ok && checks.queue.ok;
     const reasons: Record<string, string> = {};

@@ -54,6 +54,7 @@ import { runSlotMetrics } from '../metrics/run-slot-metrics.js';
 import type { KeelContext } from '../context/keel-context.js';
 import { recordMachineDefinitions } from '../statecharts/definition-repository.js';
 import { openDatabase, type DatabaseHandle } from './open-database.js';
+import { EventLoopLag } from '../health/event-loop-lag.js';
 import { startTelemetry } from '../telemetry/start-telemetry.js';
 
 /** How long the projection of a claim waits for the run's next commit (a fast run's settle). */
@@ -68,6 +69,8 @@ const BATCH_LANES = 2;
 const TOGETHER_BATCH = 64;
 /** /readyz answers within this bound (both probes run at once) even when a dependency hangs. */
 const READINESS_TIMEOUT_MS = 2000;
+/** /livez answers 503 when the event loop lags more than this (a process this stuck is restarted). */
+const LIVENESS_MAX_LAG_MS = 10_000;
 /** At shutdown, gRPC calls still open this long after the streams were told to end are cut. */
 const GRPC_CLOSE_GRACE_MS = 10_000;
 
@@ -296,10 +299,17 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
 
+  const loopLag = new EventLoopLag();
+  loopLag.start();
+  cleanup.push(async () => loopLag.stop());
+  // Set when a graceful shutdown begins: /readyz fails first, before the listener closes.
+  let shuttingDown = false;
   const http = buildHttpServer({
     logger,
     bodyLimitBytes: config.server.bodyLimitBytes,
     refusedRequestAnswer,
+    liveness: { lagMs: () => loopLag.lagMs(), maxLagMs: LIVENESS_MAX_LAG_MS },
+    shuttingDown: () => shuttingDown,
     readiness: async () => {
       const [databaseProbe, queueProbe] = await Promise.all([probeDatabase(database.pool, READINESS_TIMEOUT_MS), queues.probe(READINESS_TIMEOUT_MS)]);
       return { database: databaseProbe, queue: queueProbe };
@@ -403,6 +413,16 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   const stop = () => {
     // Order matters: stop taking requests, let workers finish, then close queues, pool, database.
     stopping ??= (async () => {
+      // Readiness first (docs/decisions/0089-readiness-fails-first-at-shutdown.md): /readyz says
+      // "shutting down" while the listener still serves every request, so a load balancer or an
+      // orchestrator takes this process out of rotation before its connections are refused. A
+      // worker-only process has no clients to drain and goes on at once.
+      shuttingDown = true;
+      const readyDelayMs = url && role !== 'worker' ? config.server.shutdownReadyDelaySeconds * 1000 : 0;
+      if (readyDelayMs > 0) {
+        logger.info({ delaySeconds: config.server.shutdownReadyDelaySeconds }, '/readyz answers 503 (shutting down) before the listener closes');
+        await new Promise((resolve) => setTimeout(resolve, readyDelayMs));
+      }
       // Stop taking work: no new connections (a request on an open one gets 503), no new jobs.
       // Requests in flight (streams, blocking sends) go on for now; close() resolves when they end.
       const closing = http.close().catch(() => undefined);
@@ -438,6 +458,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
       await queues.close().catch((error: Error) => logger.warn({ err: error }, 'queues did not close cleanly'));
       await projector.idle().catch(() => undefined);
       await fetch.close().catch(() => undefined);
+      loopLag.stop();
       try {
         await database.close();
       } finally {

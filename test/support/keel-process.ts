@@ -20,7 +20,8 @@ export type KeelProcess = {
 export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [key, value] of Object.entries(process.env)) if (!key.startsWith('KEEL_') && !key.startsWith('VITEST')) env[key] = value;
-  return { ...env, KEEL_LOG_LEVEL: 'info', ...SUITE_WRITE_PATH_ENV, ...extra };
+  // No readiness delay at shutdown unless a test asks for one: the suite stops many children.
+  return { ...env, KEEL_LOG_LEVEL: 'info', KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS: '0', ...SUITE_WRITE_PATH_ENV, ...extra };
 }
 
 /**

@@ -37,6 +37,8 @@ export function testConfig(databaseUrl: string, overrides: Record<string, unknow
     env: {
       KEEL_DATABASE_URL: databaseUrl,
       KEEL_SERVER_PORT: '0',
+      // Stopped at once: no load balancer to drain in a test (docs/deploy.md, "Shutdown timing").
+      KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS: '0',
       KEEL_DATA_DIR: tempDir('keel-data-'),
       KEEL_QUEUE_PREFIX: testQueuePrefix(),
       ...(testQueueKind() === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),

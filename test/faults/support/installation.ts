@@ -35,6 +35,8 @@ export const FAULT_TIMINGS: Record<string, string> = {
   KEEL_PUSH_RETRY_MAX_SECONDS: '1',
   KEEL_A2A_BLOCKING_CAP_SECONDS: '5',
   KEEL_RUNS_SHUTDOWN_GRACE_SECONDS: '2',
+  // A node stopped by a scenario closes its listener at once (no load balancer to drain).
+  KEEL_SERVER_SHUTDOWN_READY_DELAY_SECONDS: '0',
   // Every task of a scenario pushes to the one test receiver, which stands for many clients'
   // destinations: with the default share (a quarter of the 16 push slots per destination) the
   // outbox drained at 10-15 deliveries/s on the loaded CI machine and most of a scenario's time

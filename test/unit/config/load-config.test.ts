@@ -22,7 +22,7 @@ describe('loadConfig', () => {
     expect(result.config.source).toBeNull();
     expect(result.config.database.url).toBeUndefined();
     expect(result.config.queue.redisUrl).toBeUndefined();
-    expect(result.config.server).toEqual({ host: '127.0.0.1', port: 8080, publicUrl: 'http://127.0.0.1:8080', bodyLimitBytes: 1_048_576 });
+    expect(result.config.server).toEqual({ host: '127.0.0.1', port: 8080, publicUrl: 'http://127.0.0.1:8080', bodyLimitBytes: 1_048_576, shutdownReadyDelaySeconds: 5 });
     expect(result.config.dataDir).toBe(join(dir, '.keel'));
     expect(result.config.security.masterKeyFile).toBe(join(dir, '.keel', 'master.key'));
     expect(result.config.privacy).toEqual({ level: 'metadata', retention: { agentRun: 30 } });
