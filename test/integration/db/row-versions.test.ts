@@ -1,4 +1,4 @@
-import { testClaim, testHolder } from '../../support/run-helpers.js';
+import { testClaim } from '../../support/run-helpers.js';
 import { randomUUID } from 'node:crypto';
 import { pino } from 'pino';
 import { sql, type CommonQueryMethods } from 'slonik';

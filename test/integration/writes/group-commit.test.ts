@@ -12,7 +12,7 @@ import { callA2A, expectA2AResult } from '../../support/a2a-wire.js';
 import { recordStatements, type StatementLog } from '../../support/statement-log.js';
 import { createTestClient, createTestDatabase, type TestDatabase } from '../../support/test-database.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
-import { storedSettledRun, testClaim, testHolder } from '../../support/run-helpers.js';
+import { storedSettledRun, testClaim } from '../../support/run-helpers.js';
 import { testSealer } from '../../support/test-sealer.js';
 import { journalOf, newClientToken } from '../push/push-support.js';
 
