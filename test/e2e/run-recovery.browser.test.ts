@@ -146,8 +146,8 @@ describe('operator recovery in the UI', () => {
   });
 
   it('bulk retry: the preview says where each run would start or why it is refused; the confirmation retries them', async () => {
-    const a = await failedRun('bulk-a', 'notify');
-    const b = await failedRun('bulk-b', 'notify');
+    const a = await failedRun('ui-bulk-a', 'notify');
+    const b = await failedRun('ui-bulk-b', 'notify');
     await page.goto(`${keel.url}/ui/runs?agent=recovery&status=failed&reason=not_retryable`);
     const before = await rows();
     await Promise.all([page.waitForURL('**/ui/runs/recover?**'), page.click('#preview-retry')]);
@@ -163,7 +163,7 @@ describe('operator recovery in the UI', () => {
     await Promise.all([page.waitForURL('**/ui/runs/recover'), page.click('#bulk-confirm-button')]);
     expect(await page.getAttribute('#bulk-summary', 'data-changed')).toBe('2');
     for (const id of [a, b]) expect((await waitForRunStatus(keel.context.pool, id, ['completed', 'failed'])).status).toBe('completed');
-    expect(recoveryCounters('bulk-a')).toEqual({ lookups: 1, charges: 1, records: 1, notices: 2 });
+    expect(recoveryCounters('ui-bulk-a')).toEqual({ lookups: 1, charges: 1, records: 1, notices: 2 });
     expect(recoveryCounters('page-inside').charges).toBe(1);
   });
 });
