@@ -3,7 +3,8 @@ import { SuiteSequencer } from './test/support/suite-sequencer.js';
 
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
+    // agents/: where `keel new agent` scaffolds an agent and its test in a checkout (it prints `npx vitest run agents/<name>.machine.test.ts`).
+    include: ['test/**/*.test.ts', 'agents/**/*.test.ts'],
     pool: 'forks',
     testTimeout: 60_000,
     hookTimeout: 120_000,
