@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
 import type { TestHost } from '../test/faults/support/test-host.js';
 import { networkNamespacesUnavailable, TestNetwork } from '../test/faults/support/test-network.js';
+import { freePort } from './keel-harness.js';
 
 // bench:a2a's hosts mode (BENCH_KEEL_HOSTS=1): the split topology's four Keel processes each on a
 // test host of its own (a network namespace on a bridge, test/faults/support/test-network.ts),
@@ -22,18 +22,6 @@ export type BenchHosts = {
   redisUrl: string;
   stop: () => Promise<void>;
 };
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 export async function startBenchHosts(linkMs: number): Promise<BenchHosts> {
   const unavailable = networkNamespacesUnavailable();

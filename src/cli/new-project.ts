@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, wr
 import { basename, dirname, isAbsolute, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { AGENT_ID } from '../config/config-schema.js';
-import { agentMachineSource, agentTestSource } from './new-command.js';
+import { agentMachineSource, agentTestSource } from './agent-scaffold-sources.js';
 
 // `keel new project <dir>`: a team's own repository with Keel as a dependency
 // (docs/statechart-agents.md; decision 0078): package.json, keel.config.yaml serving one
