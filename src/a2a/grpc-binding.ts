@@ -54,7 +54,7 @@ import type { A2AService, Caller, SendOptions, StreamItem } from './a2a-service.
 import { hostPort } from './agent-card.js';
 import { parseParams, subscriptionOptions } from './binding-support.js';
 import { grpcErrorStatus } from './grpc-status.js';
-import { inA2AServerSpan, taskIdOfParams, type A2ARequestTrace } from '../tracing/a2a-server-span.js';
+import { inA2AServerSpan, noteA2AError, taskIdOfParams, type A2ARequestTrace } from '../tracing/a2a-server-span.js';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
 
 // The gRPC binding (specification 10; decision 0020): every method of lf.a2a.v1.A2AService on a
@@ -352,7 +352,12 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
       if (!admitted.ok) return callback(grpcErrorStatus(admitted.error));
       admission = admitted.admission;
       const handle = () => method.handle(admitted.call, admitted.params);
-      const result = tracingEnabled() ? await inA2AServerSpan(grpcRequestTrace(call, admitted), handle) : await handle();
+      const traced = async () => {
+        const answered = await handle();
+        if (!answered.ok) noteA2AError(answered.error);
+        return answered;
+      };
+      const result = tracingEnabled() ? await inA2AServerSpan(grpcRequestTrace(call, admitted), traced) : await handle();
       if (!result.ok) return callback(grpcErrorStatus(result.error));
       callback(null, method.response.fromJSON(result.value));
     } catch (error) {
@@ -397,7 +402,10 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
     const abort = { signal };
     {
       const opened = await method.handle(admitted.call, admitted.params);
-      if (!opened.ok) return void call.emit('error', grpcErrorStatus(opened.error));
+      if (!opened.ok) {
+        noteA2AError(opened.error);
+        return void call.emit('error', grpcErrorStatus(opened.error));
+      }
       try {
         for await (const item of opened.value(abort.signal)) {
           if (call.cancelled) break;

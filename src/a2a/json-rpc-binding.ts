@@ -29,7 +29,7 @@ import {
   subscriptionOptions,
   type BindingDeps,
 } from './binding-support.js';
-import { inA2AServerSpan, taskIdOfParams } from '../tracing/a2a-server-span.js';
+import { inA2AServerSpan, noteA2AError, taskIdOfParams } from '../tracing/a2a-server-span.js';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
 import { resumePointOfParams } from './sequenced-events.js';
 import { lastEventId } from './sse.js';
@@ -56,6 +56,7 @@ export type JsonRpcMethodHandler = (call: JsonRpcCall) => Promise<unknown>;
 // HTTP 200 but for a refused client (401), an agent that does not exist (404) and a client over its
 // limits (429 with Retry-After, so proxies and HTTP clients see it; decision 0060).
 function rpcError(reply: FastifyReply, id: RpcId, error: A2AError) {
+  noteA2AError(error);
   challengeIfUnauthenticated(reply, error);
   retryAfterHeader(reply, error);
   const status =

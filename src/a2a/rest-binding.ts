@@ -21,7 +21,7 @@ import {
   type BindingDeps,
 } from './binding-support.js';
 import { lastEventId } from './sse.js';
-import { inA2AServerSpan } from '../tracing/a2a-server-span.js';
+import { inA2AServerSpan, noteA2AError } from '../tracing/a2a-server-span.js';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
 
 // The HTTP+JSON binding under /a2a/<agent>/: each operation is a path pattern in restOperations
@@ -43,6 +43,7 @@ export type RestCall = {
 export type RestOperationHandler = (call: RestCall, match: RegExpExecArray) => Promise<unknown>;
 
 function restFail(reply: FastifyReply, error: A2AError) {
+  noteA2AError(error);
   challengeIfUnauthenticated(reply, error);
   retryAfterHeader(reply, error);
   return reply.code(error.httpStatus).type(RESPONSE_JSON).send(restError(error));

@@ -1,4 +1,4 @@
-import { SpanKind, trace } from '@opentelemetry/api';
+import { SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { inSpan } from './keel-tracer.js';
 import { incomingContext } from './trace-context.js';
 import { tracingEnabled } from './tracing-switch.js';
@@ -55,4 +55,19 @@ export function taskIdOfParams(params: unknown): string | undefined {
   const record = params as Record<string, unknown>;
   const value = typeof record['taskId'] === 'string' ? record['taskId'] : record['id'];
   return typeof value === 'string' ? value : undefined;
+}
+
+/**
+ * Marks the active SERVER span with the A2A error its request was answered with: `error.type` (the
+ * error's reason, e.g. TASK_NOT_FOUND), its JSON-RPC code and HTTP status. As OpenTelemetry's
+ * conventions have it for server spans, only an error that is the server's fault (HTTP 5xx) sets
+ * the ERROR status; a refused request (4xx) stays unset but says why. Never the message, which may
+ * quote what the client sent.
+ */
+export function noteA2AError(error: { reason: string; code: number; httpStatus: number }): void {
+  if (!tracingEnabled()) return;
+  const span = trace.getActiveSpan();
+  if (!span) return;
+  span.setAttributes({ 'error.type': error.reason, 'rpc.jsonrpc.error_code': error.code, 'http.response.status_code': error.httpStatus });
+  if (error.httpStatus >= 500) span.setStatus({ code: SpanStatusCode.ERROR, message: error.reason });
 }

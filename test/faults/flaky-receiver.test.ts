@@ -30,10 +30,11 @@ describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () 
     'resets, 503s and slow answers: every event arrives, in order per config',
     async () => {
       const { receiver } = suite;
-      // The default destination share, not the suite's whole-pool one (installation.ts): with every
-      // slot on this failing receiver its breaker opened again and again, and in one CI run the
-      // outbox was not drained within the scenario's wait (9 deliveries left).
-      const installation = await suite.install({ env: { KEEL_PUSH_CONCURRENCY: '32', KEEL_PUSH_DESTINATION_SHARE: '0.25' }, pushTestTimings: { maxAttempts: 30 } });
+      // The suite's whole-pool destination share and 1 s breaker cooldown (installation.ts): with
+      // the default 30 s cooldown every opening of this receiver's breaker held all deliveries for
+      // 30 s, and one CI run ended its wait with 123 still pending; with a quarter of the slots
+      // and a 1 s cooldown it drained in 77 s, with the whole pool in 33 s.
+      const installation = await suite.install({ env: { KEEL_PUSH_CONCURRENCY: '32' }, pushTestTimings: { maxAttempts: 30 } });
       await installation.addNode('all');
       const startedAt = Date.now();
       const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 240, ratePerSecond: 40, maxInFlight: 60, pushUrl: receiver.url, expected: expectedEcho });

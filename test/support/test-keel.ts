@@ -6,7 +6,7 @@ import { silentLogger, type KeelLogger } from '../../src/log/logger.js';
 import { encodeMasterKey, generateMasterKey } from '../../src/sealing/master-key.js';
 import type { PushTestTimings } from '../../src/push/delivery-options.js';
 import { startKeel, type KeelInstance, type StartOptions } from '../../src/runtime/start-keel.js';
-import { createEmptyDatabase } from './test-database.js';
+import { createMigratedDatabase } from './test-database.js';
 import { TEST_REDIS_URL, testQueueKind, testQueuePrefix } from './test-queues.js';
 import { SUITE_WRITE_PATH_ENV } from './suite-write-path.js';
 
@@ -63,7 +63,7 @@ export async function startTestKeel(
     pushTestTimings?: PushTestTimings;
   } = {},
 ): Promise<TestKeel> {
-  const database = options.databaseUrl ? null : await createEmptyDatabase();
+  const database = options.databaseUrl ? null : await createMigratedDatabase();
   const databaseUrl = options.databaseUrl ?? database!.url;
   const masterKey = options.env?.KEEL_MASTER_KEY ?? encodeMasterKey(generateMasterKey());
   const config = testConfig(databaseUrl, options.overrides, options.env);

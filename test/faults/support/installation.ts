@@ -42,6 +42,11 @@ export const FAULT_TIMINGS: Record<string, string> = {
   // outbox drained at 10-15 deliveries/s on the loaded CI machine and most of a scenario's time
   // was that wait. Isolation between destinations has its own tests (test/integration/push/).
   KEEL_PUSH_DESTINATION_SHARE: '1',
+  // A breaker that opens probes again after 1 s, not the default 30 s: the flaky receiver fails
+  // half its attempts that count (resets and timeouts against successes), so five in a row come
+  // every few dozen attempts, and each opening held every delivery for 30 s. In one CI run 123 of
+  // its 720 deliveries were still pending after the scenario's 90 s wait.
+  KEEL_PUSH_BREAKER_COOLDOWN_SECONDS: '1',
 };
 
 /**

@@ -190,7 +190,10 @@ describe('gRPC stream backpressure', () => {
     for (const call of paused) expect(call.taken()).toBe(1);
     console.log(`stream cut-off (grpc): ${RAW_STREAMS} raw streams reset (${Math.max(...raw.map((stream) => stream.received()))} bytes at most of ${PAYLOAD_BYTES}), ${PAUSED_CALLS} paused calls ${endings[0]?.details}; live memory ${growthMb.toFixed(0)} MB above the start at the first cut-off`);
     // (The paused calls hold up to 16 messages each in this process, as grpc-js buffers them.)
-    expect(growthMb).toBeLessThan(((RAW_STREAMS + PAUSED_CALLS) * PAYLOAD_BYTES) / 1024 / 1024 / 3);
+    // A copy of the payload per stalled call would be 252 MB; the growth is about 16 MB on a quiet
+    // machine and was 89 MB once in CI beside another file, which also lives in this process. The
+    // bound is half a copy per call: far above the noise, far below the failure.
+    expect(growthMb).toBeLessThan(((RAW_STREAMS + PAUSED_CALLS) * PAYLOAD_BYTES) / 1024 / 1024 / 2);
     expect((await cutOffs(keel.url, 'grpc', 'stalled')) - before).toBe(RAW_STREAMS + PAUSED_CALLS);
   });
 });

@@ -110,8 +110,21 @@ describe('push isolation', () => {
     expect(healthy.requests).toHaveLength(15);
     const taskOf = (request: Received): string => request.body?.statusUpdate?.taskId ?? request.body?.artifactUpdate?.taskId ?? request.body?.task?.id;
     const latencies = healthyTasks.map((id) => Math.max(...healthy.requests.filter((request) => taskOf(request) === id).map((request) => request.at)) - sentAt.get(id)!);
-    // Before: 43 s and more in the issue; here after the 3 s timeout of 16 hung slots.
-    expect(Math.max(...latencies), `each healthy task's last delivery after its send (ms): ${latencies.join(', ')}`).toBeLessThan(2_000);
+    // Push's own delay: from the commit that queued a delivery (its outbox row's created_at) to
+    // its arrival here. Timed from the send, the bound would also hold the agent's run and the
+    // commits, which a loaded CI machine stretches (2.6 s once beside another file) and which
+    // isolation is not about. Before: 43 s and more in the issue; here after the 3 s timeout of
+    // 16 hung slots.
+    const queuedAt = new Map(
+      (
+        await pool().any(sql.type(z.object({ id: z.string(), queued_ms: z.number() }))`
+          SELECT id, (extract(epoch FROM created_at) * 1000)::float8 AS queued_ms FROM push_deliveries WHERE task_id = ANY(${sql.array(healthyTasks, 'uuid')})`)
+      ).map((row) => [row.id, row.queued_ms]),
+    );
+    const pushDelays = healthy.requests.map((request) => Math.round(request.at - queuedAt.get(request.deliveryId)!));
+    console.log(`push isolation: healthy deliveries ${pushDelays.join(', ')} ms after they were queued; each task's last ${latencies.join(', ')} ms after its send`);
+    expect(pushDelays.every(Number.isFinite), 'every healthy request names a delivery of its task').toBe(true);
+    expect(Math.max(...pushDelays), `each healthy delivery after it was queued (ms): ${pushDelays.join(', ')}`).toBeLessThan(2_000);
     // A destination holds at most a quarter of the 16 slots.
     expect(hung.maxInFlight()).toBeLessThanOrEqual(4);
 

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { SendMessageRequest } from '@a2a-js/sdk';
-import { SpanKind } from '@opentelemetry/api';
+import { GetTaskRequest, SendMessageRequest } from '@a2a-js/sdk';
+import { SpanKind, SpanStatusCode } from '@opentelemetry/api';
 import type { ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { sql } from 'slonik';
 import { z } from 'zod';
@@ -204,6 +204,34 @@ describe.each(['full', 'metadata'])('at privacy level %s', (level) => {
       const span = await waitFor(async () => tracing.spans().find((found) => found.name === 'A2A SendMessage'), 'the request span');
       expect(span.parentSpanContext, malformed).toBeUndefined();
       expect(malformed).not.toContain(span.spanContext().traceId);
+    }
+  });
+
+  it('marks a request answered with an A2A error on its span, on each binding: the reason, the code and the status, never the message', async () => {
+    const missing = '00000000-0000-4000-8000-00000000dead';
+    const expected = { 'error.type': 'TASK_NOT_FOUND', 'rpc.jsonrpc.error_code': -32001, 'http.response.status_code': 404 };
+    const spanOf = async (traceId: string) => waitFor(async () => tracing.spansOf(traceId).find((span) => span.name === 'A2A GetTask'), 'the GetTask span');
+
+    const rpcTrace = hex(16);
+    const rpc = await rawRpc(keel.url, 'steps', { jsonrpc: '2.0', id: 3, method: 'GetTask', params: { id: missing } }, { token, headers: { traceparent: traceparentOf(rpcTrace, hex(8)) } });
+    expect(rpc.body.error.code).toBe(-32001);
+    const restTrace = hex(16);
+    const rest = await rawRest(keel.url, 'steps', 'GET', `/tasks/${missing}`, undefined, { token, headers: { traceparent: traceparentOf(restTrace, hex(8)) } });
+    expect(rest.status).toBe(404);
+    const grpcTrace = hex(16);
+    const client = rawGrpcClient(keel.grpcAddress!);
+    try {
+      const got = await rawUnary(client, 'getTask', GetTaskRequest.fromJSON({ tenant: 'steps', id: missing }), grpcMetadata({ authorization: `Bearer ${token}`, 'a2a-version': '1.0', traceparent: traceparentOf(grpcTrace, hex(8)) }));
+      expect(got.error).not.toBeNull();
+    } finally {
+      client.close();
+    }
+    for (const traceId of [rpcTrace, restTrace, grpcTrace]) {
+      const span = await spanOf(traceId);
+      expect(span.attributes).toMatchObject(expected);
+      // A refused request is the client's error, not the server's: the status stays unset (OpenTelemetry's server-span rule).
+      expect(span.status.code).toBe(SpanStatusCode.UNSET);
+      expect(carriedStrings([span]).join('\n')).not.toMatch(/not found/i);
     }
   });
 });
