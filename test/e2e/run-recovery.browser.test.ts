@@ -94,7 +94,13 @@ describe('operator recovery in the UI', () => {
     await shot('retry-form');
     await page.selectOption('#retry-state', 'recording');
     // The retry answers with the run's page (its flash goes with the page's next live reload).
-    const [answer] = await Promise.all([page.waitForResponse((response) => response.url().endsWith(`/ui/runs/${id}/retry`)), page.click('#retry-button')]);
+    // The browser follows the 303 to the page with the flash; a later goto while that navigation is
+    // still under way is interrupted by it (it failed so once), so the test waits for it to land.
+    const [answer] = await Promise.all([
+      page.waitForResponse((response) => response.url().endsWith(`/ui/runs/${id}/retry`)),
+      page.waitForURL(`${keel.url}/ui/runs/${id}?flash=retried`),
+      page.click('#retry-button'),
+    ]);
     expect(answer.status()).toBe(303);
     expect(answer.headers().location).toBe(`/ui/runs/${id}?flash=retried`);
     await waitForRunStatus(keel.context.pool, id, ['completed']);
