@@ -1,4 +1,5 @@
 import { CancelTaskRequest, GetTaskRequest } from '@a2a-js/sdk';
+import { context as otelContext } from '@opentelemetry/api';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import type { KeelContext } from '../context/keel-context.js';
@@ -7,6 +8,8 @@ import { enqueueHandOff, HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
 import { TaskNotCancelableError, TaskNotFoundError } from '@a2a-js/sdk/errors';
 import { recordEndedRunEvent } from '../runs/run-event-repository.js';
+import { runContext } from '../tracing/run-trace.js';
+import { tracingEnabled } from '../tracing/tracing-switch.js';
 import {
   acknowledgeDependency,
   callbackBodyContext,
@@ -40,13 +43,24 @@ export const pollDelayMs = (polls: number) => Math.min(5 * 60_000, 2000 * 2 ** M
 
 const runState = z.object({ status: z.string(), revision: z.number(), suspended_state: z.instanceof(Buffer).nullable() });
 
-export async function reconcileDependency(
-  context: Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'> & { config?: Pick<KeelContext['config'], 'inbox'> },
-  remotes: RemoteAgents,
-  dependencyId: string,
-): Promise<ReconcileOutcome> {
-  let dependency = await getDependency(context.pool, dependencyId);
+type ReconcileContext = Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'> & { config?: Pick<KeelContext['config'], 'inbox'> };
+
+const runTraceColumns = z.object({ trace_context: z.string().nullable(), trace_parent_span: z.string().nullable(), trace_state: z.string().nullable() });
+
+export async function reconcileDependency(context: ReconcileContext, remotes: RemoteAgents, dependencyId: string): Promise<ReconcileOutcome> {
+  const dependency = await getDependency(context.pool, dependencyId);
   if (!dependency) return 'already_done';
+  if (!tracingEnabled()) return reconcileFound(context, remotes, dependency);
+  // The remote calls a reconcile makes (GetTask, CancelTask) belong to the trace of the run that
+  // waits on them, under its run span, like the call that started the remote task: not traces
+  // of their own.
+  const run = await context.pool.maybeOne(sql.type(runTraceColumns)`SELECT trace_context, trace_parent_span, trace_state FROM runs WHERE id = ${dependency.run_id}`);
+  return otelContext.with(run ? runContext(run) : otelContext.active(), () => reconcileFound(context, remotes, dependency));
+}
+
+async function reconcileFound(context: ReconcileContext, remotes: RemoteAgents, found: DependencyRow): Promise<ReconcileOutcome> {
+  let dependency = found;
+  const dependencyId = found.id;
   if (dependency.state === 'resolved' || dependency.state === 'failed') {
     await markCallbacksProcessed(context.pool, dependencyId);
     return (await resumeIfWaiting(context, dependency)) ? dependency.state : 'already_done';

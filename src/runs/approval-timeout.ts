@@ -6,6 +6,7 @@ import type { PrivacyLevel } from '../privacy/privacy-level.js';
 import { auditPayload } from './audit-trail.js';
 import { appendRunEvent } from './run-event-repository.js';
 import { listApprovalsPastTimeout, timeOutApproval } from './run-repository.js';
+import { recordRunEndedOutsideWorker } from '../tracing/ended-run-span.js';
 
 // An approval nobody decides ends the run after `runs.approvalTimeoutHours` (a required approval
 // that is never given ends `approval_denied`). The maintenance sweep applies it.
@@ -42,6 +43,7 @@ export async function timeOutApprovals(
     // Decided or cancelled between the listing and the guarded write: not this sweep's any more.
     if (!run) continue;
     ended += 1;
+    recordRunEndedOutsideWorker(run, 'approval_timed_out');
     context.logger.notice({ runId, agent: run.agent, timeoutHours }, 'run failed: its approval timed out');
     if (run.task_id !== null) await context.queues.ensureJob('projector', projectionJobId(runId, run.revision), { runId });
   }

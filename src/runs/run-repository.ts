@@ -1,3 +1,4 @@
+import { recordRunEndedOutsideWorker } from '../tracing/ended-run-span.js';
 import { randomUUID } from 'node:crypto';
 import { sql, type CommonQueryMethods, type IdentifierSqlToken } from 'slonik';
 import { z } from 'zod';
@@ -582,7 +583,7 @@ export const RUN_CANCEL_CHANNEL = 'keel_run_cancel';
  * it ended; a running run's own worker records where the cancel found it.
  */
 export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Promise<CancelResult> {
-  return db.transaction(async (transaction) => {
+  const result = await db.transaction(async (transaction): Promise<CancelResult> => {
     const prior = await transaction.maybeOne(sql.type(z.object({ status: z.string(), audit_level: z.string() }))`
       SELECT status, audit_level FROM runs WHERE id = ${runId} FOR UPDATE`);
     const settled = await settleRun(transaction, logger, runId, { status: 'cancelled', reason: 'cancelled' });
@@ -595,6 +596,9 @@ export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Prom
     }
     return cancelled;
   });
+  // A running run's own worker records its span when the cancel reaches it; any other ends here.
+  if (result.settled && 'from' in result && result.from !== 'running') recordRunEndedOutsideWorker(result.run, 'cancelled');
+  return result;
 }
 
 /** A cancel's outcome; when it settled, the status it ended (`running`: a worker held the run). */
@@ -624,13 +628,15 @@ export async function releaseRun(db: Db, runId: string, holder: Holder): Promise
 
 /** RUNNING with an expired lease → FAILED (`retries_exhausted`), never retried again. */
 export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | null> {
-  return db.maybeOne(sql.type(runRow)`
+  const run = await db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to('DEAD_LETTER')}, termination_reason = 'retries_exhausted',
       failure_detail = jsonb_build_object('requeues', requeue_count, 'insideNonIdempotentCall', inside_non_idempotent_call IS NOT NULL),
       claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL, queued_request = NULL, suspended_state = NULL,
       settled_at = now(), revision = revision + 1, updated_at = now()
     WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now()
     RETURNING *`);
+  if (run) recordRunEndedOutsideWorker(run, 'dead_lettered');
+  return run;
 }
 
 /** Runs waiting for an approval for longer than `timeoutHours`, oldest first. */

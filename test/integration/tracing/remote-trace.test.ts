@@ -103,4 +103,12 @@ it('a remote call between two Keels is one trace, the client and server spans pa
   const stretchesA = spans.filter((span) => span.name === 'keel.run.stretch' && span.attributes['keel.run.id'] === taskId);
   expect(stretchesA.length).toBe(2);
   for (const stretch of stretchesA) expect(parentOf(stretch)).toBe(runA.spanContext().spanId);
+  // Keel A's reconcile of the dependency asks B for the remote task (GetTask) in the run's trace,
+  // under its run span: not as a trace of its own.
+  const reconciles = tracing.spans().filter((span) => span.kind === SpanKind.CLIENT && span.name === 'A2A GetTask' && span.attributes['keel.remote.agent'] === 'keel-b');
+  expect(reconciles.length).toBeGreaterThan(0);
+  for (const call of reconciles) {
+    expect(call.spanContext().traceId).toBe(traceId);
+    expect(parentOf(call)).toBe(runA.spanContext().spanId);
+  }
 });

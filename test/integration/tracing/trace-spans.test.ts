@@ -236,6 +236,37 @@ describe.each(['full', 'metadata'])('at privacy level %s', (level) => {
   });
 });
 
+describe('a run that ends where no worker holds it', () => {
+  it('records its invoke_agent span where it ended: a queued run cancelled over the API has its span under the request that created it', async () => {
+    tracing.reset();
+    const database = await createTestDatabase();
+    // An API-only Keel: the run stays queued, and the cancel ends it where no worker holds it.
+    const api = await startTestKeel({ databaseUrl: database.url, overrides: overrides('full'), start: { role: 'api' } });
+    try {
+      const client = await createClient(api.context.pool, 'canceller');
+      if (!client.ok) throw new Error(`client not created: ${client.reason}`);
+      const incomingTrace = hex(16);
+      const headers = { traceparent: traceparentOf(incomingTrace, hex(8)) };
+      const sent = await rawRpc(api.url, 'slow', { jsonrpc: '2.0', id: 1, method: 'SendMessage', params: message('never run', { configuration: { returnImmediately: true } }) }, { token: client.token, headers });
+      const taskId = sent.body.result.task.id as string;
+      const cancelled = await rawRpc(api.url, 'slow', { jsonrpc: '2.0', id: 2, method: 'CancelTask', params: { id: taskId } }, { token: client.token, headers });
+      expect(cancelled.body.result.status.state).toBe('TASK_STATE_CANCELED');
+      const stored = await database.pool.one(sql.type(runTraceRow)`SELECT trace_context, trace_parent_span, trace_state FROM runs WHERE id = ${taskId}`);
+      const run = await waitFor(async () => tracing.spansOf(incomingTrace).find((span) => span.name === 'invoke_agent slow'), 'the run span');
+      expect(run.spanContext().spanId).toBe(stored.trace_context!.split('-')[2]);
+      expect(parentOf(run)).toBe(stored.trace_parent_span);
+      const request = tracing.spansOf(incomingTrace).find((span) => span.name === 'A2A SendMessage' && span.spanContext().spanId === stored.trace_parent_span);
+      expect(request, 'the SendMessage span is its parent').toBeDefined();
+      expect(run.attributes).toMatchObject({ 'keel.run.id': taskId, 'keel.run.status': 'cancelled' });
+      expect(run.status.code).toBe(SpanStatusCode.UNSET);
+      expect(tracing.spansOf(incomingTrace).filter((span) => span.name === 'keel.run.stretch')).toEqual([]);
+    } finally {
+      await api.dispose();
+      await database.drop();
+    }
+  });
+});
+
 describe('a run picked up by another process', () => {
   it('keeps its trace: the stored run span is the parent of the stretch that a later Keel executes', async () => {
     tracing.reset();
