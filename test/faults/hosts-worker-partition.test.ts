@@ -92,16 +92,19 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null)(`a worker host partitioned from Post
           return match ? [match[1]!] : [];
         }),
       );
-      faults.lateWritesRefused = refusals.length;
+      // (A run taken over can lose its next claim too, on the loaded machine: the other worker's
+      // refusals are in the same timeline.)
+      const cutOffRefusals = refusals.filter((refusal) => refusal.worker.startsWith(worker1.workerPrefix));
+      faults.lateWritesRefused = cutOffRefusals.length;
       console.info(
-        `[faults] hosts-worker-partition (${BACKEND}): ${refusals.length} late writes of the cut-off worker refused by the fence` +
-          (refusals.length === 0 ? ' (none this time: the worker noticed each lost lease before it wrote)' : ''),
+        `[faults] hosts-worker-partition (${BACKEND}): ${cutOffRefusals.length} late writes of the cut-off worker refused by the fence` +
+          (cutOffRefusals.length === 0 ? ' (none this time: the worker noticed each lost lease before it wrote)' : '') +
+          `, ${refusals.length - cutOffRefusals.length} of other claims`,
       );
-      for (const refusal of refusals) {
-        expect(refusal.worker.startsWith(worker1.workerPrefix), `the refusal on ${refusal.run_id} names the cut-off worker`).toBe(true);
-        expect(refusal.claim, `the refused claim on ${refusal.run_id} is no longer the run's`).not.toBe(refusal.current_claim);
+      for (const refusal of refusals) expect(refusal.claim, `the refused claim on ${refusal.run_id} is no longer the run's`).not.toBe(refusal.current_claim);
+      for (const runId of loggedRefusals) {
+        expect(cutOffRefusals.map((refusal) => refusal.run_id), `the refusal the cut-off worker logged for ${runId} is in its timeline`).toContain(runId);
       }
-      for (const runId of loggedRefusals) expect(refusals.map((refusal) => refusal.run_id), `the refusal the worker logged for ${runId} is in its timeline`).toContain(runId);
       expect(faults.runsHeldAtCut, 'the worker held runs when it was cut off').toBeGreaterThan(0);
       expect(faults.takenOverDuringPartition, `runs of the partitioned worker taken over within ${MAX_PARTITION_MS / 1000} s of the cut`).toBeGreaterThan(0);
       // Within the bound (TAKEOVER_MS), not after a minute (decisions 0092, 0093).
