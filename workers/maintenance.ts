@@ -186,7 +186,7 @@ export function createMaintenanceProcessor(context: KeelContext) {
   };
   // A reap still running after a lease is presumed stuck on a silent link (its queries wait for
   // TCP to retransmit once the link is back: tens of seconds after a 20 s cut, minutes after a
-  // long one). It no longer stops this process's next reap, which takes a fresh connection; the
+  // long one). It no longer stops this process's next reap, which takes another connection; the
   // stuck one ends by itself. One stuck reap per process at a time is left behind (each holds a
   // pool connection); two reaps at once are safe: each run is taken under SKIP LOCKED and the
   // lease guard. The sweep has no such bound: under load it takes tens of seconds of real work.
