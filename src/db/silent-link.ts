@@ -14,14 +14,15 @@ export const DEFAULT_LINK_TIMEOUT_SECONDS = 20;
 /**
  * Server settings of each of Keel's sessions, sent at connect (the startup packet's `options`), in
  * whole seconds as Postgres takes them: TCP keepalive on the server's end of the socket, first
- * probe after half the timeout, then `count` probes `interval` apart, so a silent client's
- * session ends within the timeout, its transaction rolled back and its locks released; and
- * tcp_user_timeout, the same bound for what the server sent and the client never acknowledged
+ * probe after half the timeout, then up to three probes spread over the rest (at least two from a
+ * timeout of 3 s: with one, a single lost probe on a lossy link ended a live session), so a silent
+ * client's session ends within the timeout, its transaction rolled back and its locks released;
+ * and tcp_user_timeout, the same bound for what the server sent and the client never acknowledged
  * (a keepalive probe is not sent while such data is outstanding). Ignored on a Unix socket.
  */
 export function silentLinkSessionSettings(linkTimeoutSeconds: number): Record<string, number> {
-  const idle = Math.max(1, Math.round(linkTimeoutSeconds / 2));
-  const interval = Math.max(1, Math.round(linkTimeoutSeconds / 8));
+  const idle = Math.max(1, Math.floor(linkTimeoutSeconds / 2));
+  const interval = Math.max(1, Math.floor((linkTimeoutSeconds - idle) / 3));
   const count = Math.max(1, Math.floor((linkTimeoutSeconds - idle) / interval));
   return {
     tcp_keepalives_idle: idle,

@@ -14,6 +14,8 @@ describe('silentLinkSessionSettings', () => {
       expect(s.tcp_user_timeout).toBe(seconds * 1000);
     }
     expect(silentLinkSessionSettings(20)).toEqual({ tcp_keepalives_idle: 10, tcp_keepalives_interval: 3, tcp_keepalives_count: 3, tcp_user_timeout: 20_000 });
+    // More than one probe once there is room for two: a single lost probe must not end a live session.
+    for (const seconds of [3, 4, 6, 20, 60]) expect(silentLinkSessionSettings(seconds).tcp_keepalives_count, `${seconds} s`).toBeGreaterThanOrEqual(2);
   });
 
   it('has the client probe after half the timeout, at least a second', () => {
