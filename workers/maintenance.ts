@@ -13,6 +13,8 @@ import { wakePendingHeads } from '../src/push/wake-deliveries.js';
 // recorded in Postgres whose job is missing gets its job again, so wiping Redis loses no work.
 
 export const SWEEP_JOB = 'sweep';
+/** The reaper (reapExpiredLeases), every sweep interval, a job of its own (see createMaintenanceProcessor). */
+export const REAP_JOB = 'reap';
 export const PURGE_JOB = 'purge';
 const PURGE_EVERY_MS = 24 * 60 * 60 * 1000;
 export const SWEEP_EVERY_MS = 15_000;
@@ -133,16 +135,34 @@ export async function pollDependencies(context: Pick<KeelContext, 'pool' | 'queu
   return added;
 }
 
+/**
+ * The maintenance queue's processor. The reaper is a job of its own, not the sweep's first step: a
+ * sweep restores every debt it finds one job at a time (a few queue round trips each), and after
+ * the worker-partition fault one with 132 projection debts took 42 s on the loaded test machine,
+ * during which no sweep, so no reaper, ran anywhere: the cut-off worker's runs were taken over 38 s
+ * after the cut instead of within the lease (decision 0093). The maintenance worker runs two jobs
+ * at once (start-keel.ts), and at most one job of each name per process: one that finds another of
+ * its name still running here ends at once, so a long sweep, or a reap stuck on a database this
+ * process cannot reach, never takes the other slot, and the next one goes to a process that can.
+ */
 export function createMaintenanceProcessor(context: KeelContext) {
   const policy: ReaperPolicy = {
     maxRequeues: context.config.runs.maxRequeues,
     requeueBaseMs: context.config.runs.requeueBaseSeconds * 1000,
     requeueMaxMs: context.config.runs.requeueMaxSeconds * 1000,
   };
-  return async (job: Job): Promise<unknown> => {
+  /** The job of each name running in this process (a stuck reap's entry is taken over by the next). */
+  const running = new Map<string, Job>();
+  const processJob = async (job: Job): Promise<unknown> => {
     switch (job.name) {
-      case SWEEP_JOB: {
+      case REAP_JOB: {
+        const startedAt = Date.now();
         const reaped = await reapExpiredLeases(context, policy);
+        context.logger.debug({ jobId: job.id, ...reaped, ms: Date.now() - startedAt }, 'reaper done');
+        return reaped;
+      }
+      case SWEEP_JOB: {
+        const startedAt = Date.now();
         const approvalsTimedOut = await timeOutApprovals(context, context.config.runs.approvalTimeoutHours);
         const swept = await sweepDebts(context);
         const projections = await sweepProjectionDebts(context);
@@ -150,7 +170,9 @@ export function createMaintenanceProcessor(context: KeelContext) {
         const deliveries = await wakePendingHeads(context);
         const dependencies = await pollDependencies(context);
         const countDeltas = await foldTaskCountDeltas(context.pool);
-        return { ...reaped, approvalsTimedOut, ...swept, projections, deliveries, dependencies, countDeltas };
+        const report = { approvalsTimedOut, ...swept, projections, deliveries, dependencies, countDeltas };
+        context.logger.debug({ jobId: job.id, ...report, ms: Date.now() - startedAt }, 'maintenance sweep done');
+        return report;
       }
       case PURGE_JOB: {
         const report = await purgeExpiredRuns(context.pool, context.config.privacy.retention.agentRun);
@@ -162,12 +184,49 @@ export function createMaintenanceProcessor(context: KeelContext) {
         return null;
     }
   };
+  // A reap still running after a lease is presumed stuck on a silent link (its queries wait for
+  // TCP to retransmit once the link is back: tens of seconds after a 20 s cut, minutes after a
+  // long one). It no longer stops this process's next reap, which takes another connection; the
+  // stuck one ends by itself. One stuck reap per process at a time is left behind (each holds a
+  // pool connection); two reaps at once are safe: each run is taken under SKIP LOCKED and the
+  // lease guard. The sweep has no such bound: under load it takes tens of seconds of real work.
+  const stuckAfterMs: Partial<Record<string, number>> = { [REAP_JOB]: context.config.runs.leaseSeconds * 1000 };
+  const leftBehind = new Set<string>();
+  return async (job: Job): Promise<unknown> => {
+    if (running.has(job.name)) return { skipped: `a ${job.name} job is still running in this process` };
+    running.set(job.name, job);
+    const release = () => {
+      if (running.get(job.name) === job) running.delete(job.name);
+    };
+    const work = processJob(job).finally(release);
+    const stuckMs = stuckAfterMs[job.name];
+    if (stuckMs === undefined) return work;
+    let timer: NodeJS.Timeout | undefined;
+    const stuck = new Promise<{ stuck: true }>((resolve) => {
+      timer = setTimeout(() => resolve({ stuck: true }), stuckMs);
+      timer.unref();
+    });
+    try {
+      const outcome = await Promise.race([work, stuck]);
+      if (outcome !== null && typeof outcome === 'object' && 'stuck' in outcome) {
+        if (leftBehind.has(job.name)) return await work;
+        leftBehind.add(job.name);
+        release();
+        work.catch((error: Error) => context.logger.warn({ err: error, job: job.name }, 'a stuck maintenance job failed')).finally(() => leftBehind.delete(job.name));
+        context.logger.warn({ job: job.name, afterMs: stuckMs }, 'maintenance job still running after a lease; the next one runs beside it');
+      }
+      return outcome;
+    } finally {
+      clearTimeout(timer);
+    }
+  };
 }
 
 export async function scheduleMaintenance(context: Pick<KeelContext, 'queues'>, everyMs = SWEEP_EVERY_MS): Promise<void> {
   const queue = context.queues.queue('maintenance');
   const schedules = [
     { id: SWEEP_JOB, every: everyMs },
+    { id: REAP_JOB, every: everyMs },
     // The retention purge, daily.
     { id: PURGE_JOB, every: PURGE_EVERY_MS },
   ];

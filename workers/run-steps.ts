@@ -164,7 +164,12 @@ async function runOneTool(ctx: StepContext, call: ToolCall): Promise<ToolResult 
   } finally {
     hand.current = null;
   }
-  if (tool.effect === 'non_idempotent_write' && !(await markNonIdempotentCall(pool, runId, holder, null))) hand.fence.refuse('non_idempotent_mark');
+  // The mark is not cleared here: the call's result lives only in this drive's memory until the
+  // run settles or suspends (both store the state and clear the mark in one statement). Cleared
+  // earlier, a drive that lost its connection after the call was driven again, or requeued, from
+  // the stored row and made the call a second time (two charges in hosts-postgres-cutoff, once
+  // the server ended the cut-off sessions: decision 0092). Until then a lost lease dead-letters
+  // the run, as inside the call.
   audit.record({
     kind: 'tool_result',
     meta: { tool: call.name, callId: call.id, outcome: result.kind, durationMs: Date.now() - startedAt },

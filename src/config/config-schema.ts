@@ -53,6 +53,13 @@ const databaseSchema = z
     url: z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
     /** The most connections the server process's own pool opens (the LISTEN connection and the queues' come on top). */
     maxConnections: z.number().int().min(2).max(1000).default(20),
+    /**
+     * How long a connection to Postgres may stay silent (a partition, a cut link: no packet, no
+     * reset) before either end gives it up: the server ends the session, so the locks of its open
+     * transaction are released, and Keel's LISTEN and queue connections reconnect (db/silent-link.ts,
+     * decision 0092). Keep it well under runs.leaseSeconds.
+     */
+    linkTimeoutSeconds: z.number().min(2).max(600).default(20),
   })
   .strict();
 

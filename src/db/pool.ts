@@ -14,11 +14,13 @@ import {
 import { z } from 'zod';
 import { withDeadline, type Probe } from '../health/probe.js';
 import { createCrashSafeDriverFactory } from './crash-safe-driver.js';
+import { DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from './silent-link.js';
 import { withOwnTransactions } from './transaction.js';
 
 export type { DatabasePool };
 
-export type PoolOptions = { maximumPoolSize?: number; applicationName?: string };
+/** `linkTimeoutSeconds`: `database.linkTimeoutSeconds` (silent-link.ts), by default 20. */
+export type PoolOptions = { maximumPoolSize?: number; applicationName?: string; linkTimeoutSeconds?: number };
 
 /**
  * The one slonik pool of a Keel process. Connections are not reset with DISCARD ALL on release:
@@ -31,7 +33,10 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
   if (options.applicationName && !withName.searchParams.has('application_name')) {
     withName.searchParams.set('application_name', options.applicationName);
   }
-  const pool = await createPool(withName.toString(), {
+  // The server ends the session of a client whose link went silent within the link timeout, so
+  // the locks of a transaction it had open do not hold up the other processes (silent-link.ts).
+  const sessionUrl = withStartupOptions(withName.toString(), silentLinkSessionSettings(options.linkTimeoutSeconds ?? DEFAULT_LINK_TIMEOUT_SECONDS));
+  const pool = await createPool(sessionUrl, {
     driverFactory: createCrashSafeDriverFactory(),
     maximumPoolSize: options.maximumPoolSize ?? 20,
     idleTimeout: 30_000,

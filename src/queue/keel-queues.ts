@@ -7,7 +7,10 @@ import { QueuePool } from './queue-pool.js';
 
 export type QueueBackend =
   | { kind: 'redis'; url: string; prefix?: string }
-  | { kind: 'postgres'; connectionString: string; prefix?: string; connectionsPerWorker?: number };
+  | { kind: 'postgres'; connectionString: string; prefix?: string; connectionsPerWorker?: number; linkTimeoutSeconds?: number };
+
+/** The idle time before TCP keepalive probes on the Redis connections (see baseOptions). */
+const REDIS_KEEPALIVE_MS = 10_000;
 
 export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
 
@@ -84,15 +87,19 @@ export class KeelQueues {
           tls: url.protocol === 'rediss:' ? {} : undefined,
           maxRetriesPerRequest: null,
           enableOfflineQueue: true,
+          // ioredis's default (0) leaves the OS's two hours before a silent link is probed: a
+          // connection waiting on a Redis behind a cut link (a worker's blocking fetch) then errs
+          // within 10 s and ten one-second probes, and ioredis reconnects (decision 0092).
+          keepAlive: REDIS_KEEPALIVE_MS,
         },
       };
     }
     const limits = queueConnectionLimits(this.backend.connectionsPerWorker);
     if (role === 'producer') {
-      this.producerPool ??= new QueuePool(this.backend.connectionString, limits.producer, this.schema);
+      this.producerPool ??= new QueuePool(this.backend.connectionString, limits.producer, this.schema, this.backend.linkTimeoutSeconds);
       return { prefix, connection: this.producerPool };
     }
-    const pool = new QueuePool(this.backend.connectionString, limits.worker, this.schema);
+    const pool = new QueuePool(this.backend.connectionString, limits.worker, this.schema, this.backend.linkTimeoutSeconds);
     this.workerPools.push(pool);
     return { prefix, connection: pool };
   }

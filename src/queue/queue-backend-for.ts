@@ -5,5 +5,5 @@ import type { QueueBackend } from './keel-queues.js';
 export function queueBackendFor(config: KeelConfig, databaseUrl: string, prefix: string = config.queue.prefix): QueueBackend {
   return config.queue.redisUrl
     ? { kind: 'redis', url: config.queue.redisUrl, prefix }
-    : { kind: 'postgres', connectionString: databaseUrl, prefix, connectionsPerWorker: config.queue.connectionsPerWorker };
+    : { kind: 'postgres', connectionString: databaseUrl, prefix, connectionsPerWorker: config.queue.connectionsPerWorker, linkTimeoutSeconds: config.database.linkTimeoutSeconds };
 }

@@ -1,5 +1,6 @@
 import pg from 'pg';
 import { DEFAULT_SCHEMA, quoteSchemaName, type PgPool, type PgPoolClient, type PgQueryResult } from 'bullmq';
+import { clientKeepAliveDelayMs, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from '../db/silent-link.js';
 import type { BullmqSchema } from './bullmq-schema.js';
 
 /**
@@ -21,15 +22,19 @@ export class QueuePool implements PgPool {
     connectionString: string,
     size: number,
     private readonly schema: BullmqSchema,
+    linkTimeoutSeconds: number = DEFAULT_LINK_TIMEOUT_SECONDS,
   ) {
     this.pool = new pg.Pool({
-      connectionString,
+      // BullMQ's SQL names its tables without a schema, as on the pools it builds itself; and the
+      // server ends a session whose client went silent within the link timeout (silent-link.ts).
+      // In the URL, where they join the URL's own options (a config's `options` would be replaced by them).
+      connectionString: withStartupOptions(connectionString, { search_path: quoteSchemaName(DEFAULT_SCHEMA), ...silentLinkSessionSettings(linkTimeoutSeconds) }),
       application_name: 'keel-queues',
       max: size,
-      // BullMQ's SQL names its tables without a schema, as on the pools it builds itself.
-      options: `-c search_path=${quoteSchemaName(DEFAULT_SCHEMA)}`,
-      // A dropped LISTEN connection then surfaces as an error within seconds, and BullMQ rebuilds it.
+      // A silent server is noticed on a connection that waits for it (BullMQ's LISTEN, checked out
+      // of this pool): an error within half the link timeout and ten probes, and BullMQ rebuilds it.
       keepAlive: true,
+      keepAliveInitialDelayMillis: clientKeepAliveDelayMs(linkTimeoutSeconds),
     });
     // Every BullMQ queue and worker adds an error listener to the pool it is given, and reports
     // an idle connection's error (Postgres restarted) as its own. Until the first one is made, an

@@ -604,13 +604,22 @@ export async function cancelRun(db: Db, logger: KeelLogger, runId: string): Prom
 /** A cancel's outcome; when it settled, the status it ended (`running`: a worker held the run). */
 export type CancelResult = SettleResult | (Extract<SettleResult, { settled: true }> & { from: RunStatus });
 
+/**
+ * The reaper's guard: the run's row is not locked by another session. A row lock means a write of
+ * the run is under way, or that its writer's link went silent inside a transaction (the server
+ * holds the lock until it ends that session: database.linkTimeoutSeconds, decision 0092). The
+ * reaper skips such a run until its next sweep instead of waiting on it: waiting, one run locked by
+ * a cut-off worker held up every later run of the sweep, and every later sweep, for a minute.
+ */
+const unlocked = (runId: string) => sql.fragment`id IN (SELECT id FROM runs WHERE id = ${runId} FOR UPDATE SKIP LOCKED)`;
+
 /** RUNNING with an expired lease → QUEUED after `delayMs` (the reaper). */
 export async function requeueRun(db: Db, runId: string, delayMs: number): Promise<RunRow | null> {
   return db.maybeOne(sql.type(runRow)`
     UPDATE runs SET status = ${to('REQUEUE')}, claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL,
       requeue_count = requeue_count + 1, available_at = now() + ${sql.interval({ seconds: delayMs / 1000 })},
       revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND lease_expires_at < now()
+    WHERE id = ${runId} AND status = ANY(${from('REQUEUE')}) AND lease_expires_at < now() AND ${unlocked(runId)}
     RETURNING *`);
 }
 
@@ -633,7 +642,7 @@ export async function deadLetterRun(db: Db, runId: string): Promise<RunRow | nul
       failure_detail = jsonb_build_object('requeues', requeue_count, 'insideNonIdempotentCall', inside_non_idempotent_call IS NOT NULL),
       claimed_by = NULL, claim_token = NULL, lease_expires_at = NULL, queued_request = NULL, suspended_state = NULL,
       settled_at = now(), revision = revision + 1, updated_at = now()
-    WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now()
+    WHERE id = ${runId} AND status = ANY(${from('DEAD_LETTER')}) AND lease_expires_at < now() AND ${unlocked(runId)}
     RETURNING *`);
   if (run) recordRunEndedOutsideWorker(run, 'dead_lettered');
   return run;

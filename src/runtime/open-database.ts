@@ -1,6 +1,6 @@
 import type { DatabasePool } from 'slonik';
 import type { KeelConfig } from '../config/load-config.js';
-import { createDatabasePool, isConnectionError } from '../db/pool.js';
+import { createDatabasePool, isConnectionError, type PoolOptions } from '../db/pool.js';
 import { lockDataDir, runningEmbeddedUrl, startEmbeddedPostgres, type DataDirLock, type EmbeddedPostgres } from '../db/embedded-postgres.js';
 import type { KeelLogger } from '../log/logger.js';
 
@@ -18,7 +18,7 @@ export type OpenDatabaseResult = { ok: true; database: DatabaseHandle } | { ok: 
 export const unreachableDatabase = (error: unknown) => `cannot reach the database: ${(error as Error).message}`;
 
 /** A pool on a server that is up (the pool connects when it is made): an unreachable one is a message, not a throw. */
-async function externalDatabase(url: string, poolOptions: { maximumPoolSize?: number; applicationName?: string }): Promise<OpenDatabaseResult> {
+async function externalDatabase(url: string, poolOptions: PoolOptions): Promise<OpenDatabaseResult> {
   try {
     const pool = await createDatabasePool(url, poolOptions);
     return { ok: true, database: { url, pool, embedded: null, close: () => pool.end() } };
@@ -37,8 +37,9 @@ export async function openDatabase(
   config: KeelConfig,
   logger: KeelLogger,
   mode: 'server' | 'command',
-  poolOptions: { maximumPoolSize?: number; applicationName?: string } = {},
+  given: { maximumPoolSize?: number; applicationName?: string } = {},
 ): Promise<OpenDatabaseResult> {
+  const poolOptions: PoolOptions = { ...given, linkTimeoutSeconds: config.database.linkTimeoutSeconds };
   if (config.database.url) return externalDatabase(config.database.url, poolOptions);
 
   const locked = lockDataDir(config.dataDir);

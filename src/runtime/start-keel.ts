@@ -198,7 +198,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
   // A wake-up for the head of each config that got deliveries (the rest follow in order).
   const enqueueDeliveries = (result: { deliveryIds: string[] }) => wakeHeadsOfNewDeliveries({ pool: database.pool, queues }, result.deliveryIds);
   const projector = new ProjectionScheduler(database.pool, sealing.sealer, logger, projectionOptions, enqueueDeliveries);
-  const listener = new JournalListener(database.url, logger);
+  const listener = new JournalListener(database.url, logger, config.database.linkTimeoutSeconds);
   const listening = await listener.start().then(() => null, (error: Error) => error);
   if (listening) return fail('database', `cannot LISTEN for journal notifications: ${listening.message}`);
   cleanup.push(() => listener.stop());
@@ -295,7 +295,8 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,
     // each only checked and deferred by the gate, so a deferral never waits for a held slot.
     queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate), { concurrency: 2 * config.push.concurrency });
-    queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 1 });
+    // Two at once: the reaper beside a long sweep (workers/maintenance.ts, decision 0093).
+    queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 2 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
 

@@ -4,6 +4,7 @@ import type { CommonQueryMethods } from 'slonik';
 import { JOURNAL_CHANNEL, journalEndedAfter, parseJournalNotice, type JournalNotice } from './journal.js';
 import type { TaskRow } from './task-repository.js';
 import { isConnectionError } from '../db/pool.js';
+import { clientKeepAliveDelayMs, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from '../db/silent-link.js';
 
 /**
  * A journal commit this process is making for a task (a run's completion journals its end,
@@ -51,10 +52,20 @@ export class JournalListener {
   constructor(
     private readonly databaseUrl: string,
     private readonly logger: KeelLogger,
+    private readonly linkTimeoutSeconds: number = DEFAULT_LINK_TIMEOUT_SECONDS,
   ) {}
 
   async start(): Promise<void> {
-    const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'keel-journal-listener' });
+    // The connection only waits for the server: without keepalive a silent link (or a server that
+    // ended this session meanwhile) would leave it deaf for hours, every notice missed. With it the
+    // link's silence is an error within half the link timeout and ten probes, and it reconnects;
+    // the server ends this session too within the link timeout (silent-link.ts).
+    const client = new pg.Client({
+      connectionString: withStartupOptions(this.databaseUrl, silentLinkSessionSettings(this.linkTimeoutSeconds)),
+      application_name: 'keel-journal-listener',
+      keepAlive: true,
+      keepAliveInitialDelayMillis: clientKeepAliveDelayMs(this.linkTimeoutSeconds),
+    });
     client.on('notification', (message) => {
       const handlers = message.channel === JOURNAL_CHANNEL ? undefined : this.channels.get(message.channel);
       if (handlers) {

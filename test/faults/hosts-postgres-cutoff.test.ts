@@ -2,7 +2,7 @@ import { sql } from 'slonik';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { BACKEND } from './support/installation.js';
-import { finishHostScenario, HOST_LEASE_SECONDS, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
+import { finishHostScenario, watchSessions, HOST_LEASE_SECONDS, HOST_SCENARIO_TIMEOUT_MS, hostProblems, startHostLoad, startHostScenario } from './support/host-scenario.js';
 import { HOSTS_UNAVAILABLE, useHostSuite } from './support/host-suite.js';
 import { expectClean, until } from './support/scenario.js';
 import { sleep } from './support/services.js';
@@ -31,6 +31,7 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null)(`the Postgres host cut off on the ${
 
       const startedAt = Date.now();
       const load = startHostLoad(suite, state);
+      const stopWatching = watchSessions(pool, startedAt);
       const running = () => pool.oneFirst(sql.type(n)`SELECT count(*)::int AS n FROM runs WHERE status = 'running'`);
       expect(await until(async () => load.accepted() >= 80 && (await running()) >= 4, 30_000), 'runs held before the cut').toBe(true);
       faults.runsHeldAtCut = await running();
@@ -43,6 +44,7 @@ describe.skipIf(HOSTS_UNAVAILABLE !== null)(`the Postgres host cut off on the ${
       const healedAt = Date.now();
 
       const counts = await finishHostScenario({ scenario: 'hosts-postgres-cutoff', suite, state, load, startedAt, healedAt, faults });
+      stopWatching();
       expectClean(counts, cluster.installation);
       expect(hostProblems(counts)).toEqual([]);
     },

@@ -29,17 +29,29 @@ export const HOST_LEASE_SECONDS = 6;
 export const HOST_SCENARIO_TIMEOUT_MS = 600_000;
 
 /**
- * The longest a run held by a worker cut off from Postgres stays its own: its queue job's lock
- * (the lease, at most 30 s) expires at most one lock after the cut (it is renewed every half
- * lock), the stalled-job check (every lock) takes two passes to move the job back to the queue,
- * and the other worker then claims the run once its lease expired. With the production lease of
- * 60 s that is 90 s, the issue's partition; with 6 s it is 18 s.
+ * The longest a run held by a worker cut off from Postgres should stay its own (the issue's bound:
+ * 90 s with the production lease of 60 s, 18 s with 6 s). The reaper takes it over: the run's lease
+ * expires at most one lease after the cut, the server has ended the cut-off worker's sessions (and
+ * freed the rows they locked) within database.linkTimeoutSeconds of the cut (half the lease here,
+ * a third in production), and the next reap (maintenance.sweepSeconds: 0.5 s here, 15 s in
+ * production) requeues it, or dead-letters it inside a non-idempotent step (decisions 0092, 0093).
+ * On the Postgres queue backend its queue job goes back to the queue too: its lock (the lease, at
+ * most 30 s) expires within one lock and the stalled-job check takes two passes.
  */
 export const TAKEOVER_MS = 3 * Math.min(HOST_LEASE_SECONDS, 30) * 1000;
+
+/**
+ * How long a link to Postgres may stay silent before the server ends the session
+ * (`database.linkTimeoutSeconds`, decision 0092): half the lease here (a third in production, 20 s
+ * of 60), so that a cut-off worker's transactions have ended and their row locks are free by the
+ * time its runs' leases expire.
+ */
+export const HOST_LINK_TIMEOUT_SECONDS = HOST_LEASE_SECONDS / 2;
 
 export const HOST_TIMINGS: Record<string, string> = {
   KEEL_RUNS_LEASE_SECONDS: String(HOST_LEASE_SECONDS),
   KEEL_RUNS_HEARTBEAT_SECONDS: String(HOST_LEASE_SECONDS / 3),
+  KEEL_DATABASE_LINK_TIMEOUT_SECONDS: String(HOST_LINK_TIMEOUT_SECONDS),
 };
 
 export type HostScenario = {
@@ -119,6 +131,46 @@ async function twice(pool: DatabasePool, chargeLog: string): Promise<{ runsCompl
   const perRun = new Map<string, number>();
   for (const line of lines) perRun.set(line, (perRun.get(line) ?? 0) + 1);
   return { runsCompletedTwice, chargedTwice: [...perRun.values()].filter((times) => times > 1).length, charges: lines.length };
+}
+
+const jobRow = z.object({ queue: z.string(), state: z.string(), n: z.number() });
+
+const sessionRow = z.object({
+  pid: z.number(),
+  app: z.string(),
+  client: z.string().nullable(),
+  state: z.string().nullable(),
+  wait: z.string().nullable(),
+  xact_s: z.number().nullable(),
+  blocked_by: z.string(),
+  query: z.string(),
+});
+
+/**
+ * KEEL_FAULTS_VERBOSE=1: every 2 s, the database's sessions that are not idle (in a transaction,
+ * running, or waiting on a lock, and which sessions block them), to see what a silent link leaves
+ * holding locks on the server. Returns the stop.
+ */
+export function watchSessions(pool: DatabasePool, startedAt: number): () => void {
+  if (!process.env.KEEL_FAULTS_VERBOSE) return () => undefined;
+  const timer = setInterval(() => {
+    void pool
+      .any(sql.type(sessionRow)`
+        SELECT pid, application_name AS app, host(client_addr) AS client, state, wait_event_type || ':' || wait_event AS wait,
+               extract(epoch FROM now() - xact_start)::float8 AS xact_s, pg_blocking_pids(pid)::text AS blocked_by, left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 80) AS query
+        FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle'`)
+      .then(async (rows) => {
+        // On the Postgres queue backend, the queues' jobs by state too.
+        const jobs =
+          BACKEND === 'postgres'
+            ? await pool.any(sql.type(jobRow)`SELECT queue, state, count(*)::int AS n FROM bullmq.job GROUP BY 1, 2 ORDER BY 1, 2`).catch(() => [])
+            : [];
+        const at = `[faults +${Math.round((Date.now() - startedAt) / 1000)}s ${new Date().toISOString().slice(11, 23)}] sessions`;
+        console.info(`${at}: ${rows.length} not idle; jobs ${jobs.map((row) => `${row.queue}/${row.state}:${row.n}`).join(' ')}\n${rows.map((row) => `  ${row.pid} ${row.app} ${row.client} ${row.state} ${row.wait ?? '-'} xact ${row.xact_s?.toFixed(1) ?? '-'} s blocked by ${row.blocked_by} | ${row.query}`).join('\n')}`);
+      })
+      .catch(() => undefined);
+  }, 2000);
+  return () => clearInterval(timer);
 }
 
 export type HostCounts = ScenarioCounts & { runsCompletedTwice: number; chargedTwice: number; drainAfterHealMs: number };

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { createWriteStream, existsSync, readFileSync, rmSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { DatabasePool } from 'slonik';
@@ -89,12 +89,21 @@ export class KeelNode {
   async start(): Promise<void> {
     const proc = spawnKeel(['start', '--role', this.role], {
       cwd: this.dataDir,
-      env: cleanEnv({ ...this.env, KEEL_LOG_LEVEL: 'warn' }),
+      // KEEL_FAULTS_LOG_LEVEL (e.g. debug) to see what the processes did, KEEL_FAULTS_LOG_DIR to keep
+      // every line of each process in a file of its own (<role>-<address>-<port>.log).
+      env: cleanEnv({ ...this.env, KEEL_LOG_LEVEL: process.env.KEEL_FAULTS_LOG_LEVEL ?? 'warn' }),
       harness: { pushTestTimings: this.pushTestTimings },
       ...(this.placement ? { netns: this.placement.netns } : {}),
     });
     this.proc = proc;
     this.generations.push(proc);
+    const logDir = process.env.KEEL_FAULTS_LOG_DIR;
+    if (logDir) {
+      const file = createWriteStream(join(logDir, `${this.role}-${this.placement?.address ?? '127.0.0.1'}-${this.port}.log`), { flags: 'a' });
+      proc.child.stdout!.on('data', (chunk: Buffer) => file.write(chunk));
+      proc.child.stderr!.on('data', (chunk: Buffer) => file.write(chunk));
+      proc.child.on('exit', () => file.end());
+    }
     // At warn, "keel is ready" (info) is not logged: readiness is the HTTP endpoint answering.
     const deadline = Date.now() + 90_000;
     for (;;) {

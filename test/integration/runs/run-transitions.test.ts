@@ -171,6 +171,30 @@ describe('run transitions are guarded writes', () => {
     expect(dead).toMatchObject({ status: 'failed', termination_reason: 'retries_exhausted' });
   });
 
+  it('the reaper skips a run whose row another session holds locked, and takes it once the lock is gone (decision 0093)', async () => {
+    const run = await newRun();
+    await claimQueuedRun(db.pool, run.id, worker('cut-off'));
+    await db.pool.query(sql.unsafe`UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = ${run.id}`);
+    // A transaction of the cut-off worker's, still open on the server, holding the run's row.
+    let release = () => undefined as void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let locked = () => undefined as void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    const holder = db.pool.transaction(async (transaction) => {
+      await transaction.query(sql.unsafe`SELECT id FROM runs WHERE id = ${run.id} FOR NO KEY UPDATE`);
+      locked();
+      await held;
+    });
+    await isLocked;
+    const startedAt = Date.now();
+    expect(await requeueRun(db.pool, run.id, 0)).toBeNull();
+    expect(await deadLetterRun(db.pool, run.id)).toBeNull();
+    expect(Date.now() - startedAt, 'neither waited for the lock').toBeLessThan(2000);
+    release();
+    await holder;
+    expect(await requeueRun(db.pool, run.id, 0)).toMatchObject({ status: 'queued', requeue_count: 1 });
+  });
+
   it('suspension stores sealed state; two resumes race and exactly one claims', async () => {
     const run = await newRun();
     await claimQueuedRun(db.pool, run.id, worker('s'));
