@@ -19,8 +19,13 @@ export class PassThroughTracer implements Tracer {
   startActiveSpan<F extends (span: Span) => unknown>(name: string, ...rest: [F] | [SpanOptions, F] | [SpanOptions, Context, F]): ReturnType<F> {
     const fn = rest[rest.length - 1] as F;
     const options = rest.length > 1 ? (rest[0] as SpanOptions) : undefined;
-    const parent = rest.length > 2 ? (rest[1] as Context) : contextApi.active();
+    const active = contextApi.active();
+    const parent = rest.length > 2 ? (rest[1] as Context) : active;
     const span = this.startSpan(name, options, parent);
+    // Under the active context and not a root, the span carries the ids of the span already active:
+    // the callback runs in that context as it is, without entering a new one (slonik starts one
+    // per statement and connection, each an AsyncLocalStorage run for nothing).
+    if (parent === active && options?.root !== true) return fn(span) as ReturnType<F>;
     return contextApi.with(trace.setSpan(parent, span), () => fn(span) as ReturnType<F>);
   }
 }

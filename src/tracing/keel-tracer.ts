@@ -1,4 +1,5 @@
 import { context, SpanStatusCode, trace, type Context, type Span, type SpanOptions, type Tracer } from '@opentelemetry/api';
+import { tracingGeneration } from './tracing-switch.js';
 
 // Keel's tracer and the one way its instrumented places run work inside a span. Callers check
 // tracingEnabled() (tracing-switch.ts) first, so nothing here runs while tracing is off.
@@ -6,9 +7,17 @@ import { context, SpanStatusCode, trace, type Context, type Span, type SpanOptio
 /** The instrumentation scope of every Keel span. */
 export const TRACER_NAME = 'keel';
 
-/** Keel's tracer from the registered provider (the API's no-op one when none is). */
+let cached: { generation: number; tracer: Tracer } | null = null;
+
+/**
+ * Keel's tracer from the registered provider (the API's no-op one when none is), looked up once per
+ * turn of the tracing switch: the SDK wiring registers its provider before it turns tracing on, and
+ * the lookup (the API's proxy, Keel's provider, the SDK's tracer map) was part of every span's cost.
+ */
 export function keelTracer(): Tracer {
-  return trace.getTracer(TRACER_NAME);
+  const generation = tracingGeneration();
+  if (cached?.generation !== generation) cached = { generation, tracer: trace.getTracer(TRACER_NAME) };
+  return cached.tracer;
 }
 
 /**
