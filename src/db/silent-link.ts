@@ -48,9 +48,15 @@ export function startupOptions(settings: Record<string, number | string>, given?
   return [...(given ? [given] : []), ...ours].join(' ');
 }
 
-/** A connection URL whose sessions get `settings` at connect, after whatever `options` it has. */
-export function withStartupOptions(url: string, settings: Record<string, number | string>): string {
+/**
+ * A connection URL whose sessions get `settings` at connect, after whatever `options` it has: the
+ * URL's own, else the environment's PGOPTIONS. node-postgres reads PGOPTIONS only when the
+ * connection names no `options`, so the ones written here would otherwise drop it (an operator's
+ * `-c statement_timeout=...`, a test's session tag).
+ */
+export function withStartupOptions(url: string, settings: Record<string, number | string>, env: NodeJS.ProcessEnv = process.env): string {
   const parsed = new URL(url);
-  parsed.searchParams.set('options', startupOptions(settings, parsed.searchParams.get('options') ?? undefined));
+  const given = parsed.searchParams.get('options') ?? env['PGOPTIONS'];
+  parsed.searchParams.set('options', startupOptions(settings, given || undefined));
   return parsed.toString();
 }

@@ -130,7 +130,9 @@ export class ClientLimits<E> {
     const runs = this.options.runs;
     if (!runs) return { ok: true, value: await start() };
     const limits = this.#clients.get(clientId)?.limits ?? this.config.default;
-    if (runs.count(clientId) >= limits.concurrentRuns && !runs.fresh) await runs.refresh();
+    // Read again before refusing on a stale count, or on one that may hold a task twice; twice at
+    // most (the first may be a refresh already in flight that began before the last commit).
+    for (let read = 0; read < 2 && runs.count(clientId) >= limits.concurrentRuns && (!runs.fresh || !runs.exactFor(clientId)); read += 1) await runs.refresh();
     if (runs.count(clientId) >= limits.concurrentRuns) return this.#refuse('concurrentRuns', limits, SLOT_RETRY_SECONDS);
     const settle = runs.reserve(clientId);
     let committed = false;

@@ -12,5 +12,10 @@ export type EndedOutsideWorker = 'cancelled' | 'dead_lettered' | 'approval_timed
 /** Records the `invoke_agent` span of a run that ended outside a worker (nothing while tracing is off). */
 export function recordRunEndedOutsideWorker(run: SettledRun, ending: EndedOutsideWorker): void {
   if (!tracingEnabled()) return;
-  recordRunSpan(run, ending === 'cancelled' ? { status: 'cancelled', failed: false } : { status: 'failed', failed: true });
+  try {
+    recordRunSpan(run, ending === 'cancelled' ? { status: 'cancelled', failed: false } : { status: 'failed', failed: true });
+  } catch {
+    // Called right after the run's end was committed: a span that cannot be recorded must not
+    // turn that committed end into a failed cancel, reap or sweep.
+  }
 }

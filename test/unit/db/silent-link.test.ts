@@ -34,6 +34,14 @@ describe('withStartupOptions', () => {
     expect(startupOptions({ a: 1, b: 'x' })).toBe('-c a=1 -c b=x');
   });
 
+  it("keeps the environment's PGOPTIONS when the URL names no options (node-postgres would drop it), and the URL's over it", () => {
+    const fromEnv = new URL(withStartupOptions('postgres://keel@db/keel', { tcp_user_timeout: 3000 }, { PGOPTIONS: '-c faults.node=worker' }));
+    expect(fromEnv.searchParams.get('options')).toBe('-c faults.node=worker -c tcp_user_timeout=3000');
+    const fromUrl = new URL(withStartupOptions('postgres://keel@db/keel?options=-c%20a%3D1', { tcp_user_timeout: 3000 }, { PGOPTIONS: '-c b=2' }));
+    expect(fromUrl.searchParams.get('options')).toBe('-c a=1 -c tcp_user_timeout=3000');
+    expect(new URL(withStartupOptions('postgres://keel@db/keel', { x: 1 }, { PGOPTIONS: '' })).searchParams.get('options')).toBe('-c x=1');
+  });
+
   it('keeps a Unix socket host', () => {
     const url = withStartupOptions('postgres://keel@%2Fvar%2Frun%2Fpostgresql/keel', { tcp_keepalives_idle: 10 });
     expect(url.startsWith('postgres://keel@%2Fvar%2Frun%2Fpostgresql/keel?options=')).toBe(true);

@@ -167,6 +167,42 @@ describe('concurrent runs', () => {
     expect(t.runs.count('c1')).toBe(0);
   });
 
+  it('reads again before refusing a client whose task was committed while a refresh read (it may be counted twice)', async () => {
+    const now = 0;
+    let database = new Map<string, number>();
+    let release: () => void = () => undefined;
+    let gate: Promise<void> = Promise.resolve();
+    let reads = 0;
+    const runs = new ActiveRunCounts(
+      async () => {
+        reads += 1;
+        await gate;
+        return new Map(database);
+      },
+      () => now,
+    );
+    const limits = new ClientLimits(limitsConfig({ tight: { concurrentRuns: 1 } }), { refuse: limitExceeded, runs, now: () => now });
+    if (!limits.admitRequest({ id: 'c1', name: 'tight' }).ok) throw new Error('admit');
+    await runs.refresh();
+    // A refresh reads while a blocking task is committed; its snapshot sees the task (active then).
+    gate = new Promise<void>((resolve) => (release = resolve));
+    const refreshing = runs.refresh();
+    expect((await limits.startRun('c1', async () => 'first')).ok).toBe(true);
+    database = new Map([['c1', 1]]);
+    release();
+    await refreshing;
+    // The task ends and its blocking answer says so; the database agrees.
+    limits.runEnded('c1');
+    database = new Map();
+    expect(runs.count('c1')).toBe(1);
+    expect(runs.exactFor('c1')).toBe(false);
+    // Counted twice on a fresh count: read again, not refused.
+    const before = reads;
+    expect((await limits.startRun('c1', async () => 'next')).ok).toBe(true);
+    expect(reads).toBe(before + 1);
+    expect(runs.exactFor('c1')).toBe(true);
+  });
+
   it('drops the tasks a refresh has seen, keeps those committed after it began', async () => {
     let release: () => void = () => undefined;
     const gate = new Promise<void>((resolve) => (release = resolve));
