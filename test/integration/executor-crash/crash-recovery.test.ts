@@ -304,7 +304,7 @@ describe(`executor crash recovery on the ${QUEUE} queue backend`, () => {
     });
     expect(settled.failure_detail).toEqual({ requeues: 0, insideNonIdempotentCall: true });
     const deadLetterLog = lines.filter((line) => line.msg === 'run dead-lettered after its lease expired' && line.runId === run.id);
-    expect(deadLetterLog).toHaveLength(1);
+    expect(deadLetterLog, `the replacement's log lines: ${JSON.stringify(lines.slice(-20))}`).toHaveLength(1);
     expect(deadLetterLog[0]).toMatchObject({ insideNonIdempotentCall: true, requeues: 0 });
     expect(lines.filter((line) => line.msg === 'run requeued after its lease expired')).toHaveLength(0);
 
