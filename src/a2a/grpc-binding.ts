@@ -352,12 +352,13 @@ export function createGrpcImplementation(deps: GrpcBindingDeps): UntypedServiceI
       if (!admitted.ok) return callback(grpcErrorStatus(admitted.error));
       admission = admitted.admission;
       const handle = () => method.handle(admitted.call, admitted.params);
-      const traced = async () => {
-        const answered = await handle();
-        if (!answered.ok) noteA2AError(answered.error);
-        return answered;
-      };
-      const result = tracingEnabled() ? await inA2AServerSpan(grpcRequestTrace(call, admitted), traced) : await handle();
+      const result = tracingEnabled()
+        ? await inA2AServerSpan(grpcRequestTrace(call, admitted), async () => {
+            const answered = await handle();
+            if (!answered.ok) noteA2AError(answered.error);
+            return answered;
+          })
+        : await handle();
       if (!result.ok) return callback(grpcErrorStatus(result.error));
       callback(null, method.response.fromJSON(result.value));
     } catch (error) {

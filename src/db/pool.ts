@@ -14,7 +14,7 @@ import {
 import { z } from 'zod';
 import { withDeadline, type Probe } from '../health/probe.js';
 import { createCrashSafeDriverFactory } from './crash-safe-driver.js';
-import { DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from './silent-link.js';
+import { DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkUrl } from './silent-link.js';
 import { withOwnTransactions } from './transaction.js';
 
 export type { DatabasePool };
@@ -35,7 +35,7 @@ export async function createDatabasePool(url: string, options: PoolOptions = {})
   }
   // The server ends the session of a client whose link went silent within the link timeout, so
   // the locks of a transaction it had open do not hold up the other processes (silent-link.ts).
-  const sessionUrl = withStartupOptions(withName.toString(), silentLinkSessionSettings(options.linkTimeoutSeconds ?? DEFAULT_LINK_TIMEOUT_SECONDS));
+  const sessionUrl = silentLinkUrl(withName.toString(), options.linkTimeoutSeconds ?? DEFAULT_LINK_TIMEOUT_SECONDS);
   const pool = await createPool(sessionUrl, {
     driverFactory: createCrashSafeDriverFactory(),
     maximumPoolSize: options.maximumPoolSize ?? 20,

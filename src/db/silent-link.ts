@@ -60,3 +60,13 @@ export function withStartupOptions(url: string, settings: Record<string, number 
   parsed.searchParams.set('options', startupOptions(settings, given || undefined));
   return parsed.toString();
 }
+
+/** A connection URL whose sessions the server ends within the link timeout, with `extra` settings before them. */
+export function silentLinkUrl(url: string, linkTimeoutSeconds: number, extra: Record<string, number | string> = {}): string {
+  return withStartupOptions(url, { ...extra, ...silentLinkSessionSettings(linkTimeoutSeconds) });
+}
+
+/** node-postgres's client keepalive for a connection that waits for the server (LISTEN, a queue pool). */
+export function clientKeepAlive(linkTimeoutSeconds: number): { keepAlive: true; keepAliveInitialDelayMillis: number } {
+  return { keepAlive: true, keepAliveInitialDelayMillis: clientKeepAliveDelayMs(linkTimeoutSeconds) };
+}

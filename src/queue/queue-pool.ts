@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { DEFAULT_SCHEMA, quoteSchemaName, type PgPool, type PgPoolClient, type PgQueryResult } from 'bullmq';
-import { clientKeepAliveDelayMs, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from '../db/silent-link.js';
+import { clientKeepAlive, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkUrl } from '../db/silent-link.js';
 import type { BullmqSchema } from './bullmq-schema.js';
 
 /**
@@ -28,13 +28,12 @@ export class QueuePool implements PgPool {
       // BullMQ's SQL names its tables without a schema, as on the pools it builds itself; and the
       // server ends a session whose client went silent within the link timeout (silent-link.ts).
       // In the URL, where they join the URL's own options (a config's `options` would be replaced by them).
-      connectionString: withStartupOptions(connectionString, { search_path: quoteSchemaName(DEFAULT_SCHEMA), ...silentLinkSessionSettings(linkTimeoutSeconds) }),
+      connectionString: silentLinkUrl(connectionString, linkTimeoutSeconds, { search_path: quoteSchemaName(DEFAULT_SCHEMA) }),
       application_name: 'keel-queues',
       max: size,
       // A silent server is noticed on a connection that waits for it (BullMQ's LISTEN, checked out
       // of this pool): an error within half the link timeout and ten probes, and BullMQ rebuilds it.
-      keepAlive: true,
-      keepAliveInitialDelayMillis: clientKeepAliveDelayMs(linkTimeoutSeconds),
+      ...clientKeepAlive(linkTimeoutSeconds),
     });
     // Every BullMQ queue and worker adds an error listener to the pool it is given, and reports
     // an idle connection's error (Postgres restarted) as its own. Until the first one is made, an

@@ -3,7 +3,7 @@ import { context as otelContext } from '@opentelemetry/api';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import type { KeelContext } from '../context/keel-context.js';
-import { claimForResume, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
+import { claimForResume, getRunTrace, HANDOFF_PREFIX, suspendedStateContext } from '../runs/run-repository.js';
 import { enqueueHandOff, HANDOFF_LEASE_MS } from '../runs/resume-run.js';
 import type { LoopState } from '../../machines/agent-loop.machine.js';
 import { TaskNotCancelableError, TaskNotFoundError } from '@a2a-js/sdk/errors';
@@ -45,8 +45,6 @@ const runState = z.object({ status: z.string(), revision: z.number(), suspended_
 
 type ReconcileContext = Pick<KeelContext, 'pool' | 'sealer' | 'queues' | 'logger'> & { config?: Pick<KeelContext['config'], 'inbox'> };
 
-const runTraceColumns = z.object({ trace_context: z.string().nullable(), trace_parent_span: z.string().nullable(), trace_state: z.string().nullable() });
-
 export async function reconcileDependency(context: ReconcileContext, remotes: RemoteAgents, dependencyId: string): Promise<ReconcileOutcome> {
   const dependency = await getDependency(context.pool, dependencyId);
   if (!dependency) return 'already_done';
@@ -54,7 +52,7 @@ export async function reconcileDependency(context: ReconcileContext, remotes: Re
   // The remote calls a reconcile makes (GetTask, CancelTask) belong to the trace of the run that
   // waits on them, under its run span, like the call that started the remote task: not traces
   // of their own.
-  const run = await context.pool.maybeOne(sql.type(runTraceColumns)`SELECT trace_context, trace_parent_span, trace_state FROM runs WHERE id = ${dependency.run_id}`);
+  const run = await getRunTrace(context.pool, dependency.run_id);
   return otelContext.with(run ? runContext(run) : otelContext.active(), () => reconcileFound(context, remotes, dependency));
 }
 

@@ -700,3 +700,10 @@ export async function runTraceOfTask(db: Db, taskId: string): Promise<{ trace_co
   return db.maybeOne(sql.type(z.object({ trace_context: z.string().nullable(), trace_state: z.string().nullable() }))`
     SELECT trace_context, trace_state FROM runs WHERE id = ${taskId}`);
 }
+
+const runTraceRow = z.object({ trace_context: z.string().nullable(), trace_parent_span: z.string().nullable(), trace_state: z.string().nullable() });
+
+/** A run's stored trace columns (src/tracing/run-trace.ts), or null for no such run. */
+export async function getRunTrace(db: Db, runId: string): Promise<z.infer<typeof runTraceRow> | null> {
+  return db.maybeOne(sql.type(runTraceRow)`SELECT trace_context, trace_parent_span, trace_state FROM runs WHERE id = ${runId}`);
+}

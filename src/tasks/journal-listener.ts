@@ -4,7 +4,7 @@ import type { CommonQueryMethods } from 'slonik';
 import { JOURNAL_CHANNEL, journalEndedAfter, parseJournalNotice, type JournalNotice } from './journal.js';
 import type { TaskRow } from './task-repository.js';
 import { isConnectionError } from '../db/pool.js';
-import { clientKeepAliveDelayMs, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkSessionSettings, withStartupOptions } from '../db/silent-link.js';
+import { clientKeepAlive, DEFAULT_LINK_TIMEOUT_SECONDS, silentLinkUrl } from '../db/silent-link.js';
 
 /**
  * A journal commit this process is making for a task (a run's completion journals its end,
@@ -61,10 +61,9 @@ export class JournalListener {
     // link's silence is an error within half the link timeout and ten probes, and it reconnects;
     // the server ends this session too within the link timeout (silent-link.ts).
     const client = new pg.Client({
-      connectionString: withStartupOptions(this.databaseUrl, silentLinkSessionSettings(this.linkTimeoutSeconds)),
+      connectionString: silentLinkUrl(this.databaseUrl, this.linkTimeoutSeconds),
       application_name: 'keel-journal-listener',
-      keepAlive: true,
-      keepAliveInitialDelayMillis: clientKeepAliveDelayMs(this.linkTimeoutSeconds),
+      ...clientKeepAlive(this.linkTimeoutSeconds),
     });
     client.on('notification', (message) => {
       const handlers = message.channel === JOURNAL_CHANNEL ? undefined : this.channels.get(message.channel);
