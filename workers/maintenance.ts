@@ -2,6 +2,7 @@ import type { Job } from 'bullmq';
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { handoffJobId, inboxJobId, projectionJobId, runJobId, timerJobId } from '../src/queue/job-ids.js';
+import { restoreJobs } from '../src/queue/restore-jobs.js';
 import { timeOutApprovals } from '../src/runs/approval-timeout.js';
 import { deadLetterRun, HANDOFF_PREFIX, listQueuedRunIds, listTimerWaits, OPEN_RUN, requeueRun } from '../src/runs/run-repository.js';
 import type { KeelContext } from '../src/context/keel-context.js';
@@ -34,22 +35,16 @@ export async function sweepDebts(context: Pick<KeelContext, 'pool' | 'queues' | 
   const rows = ids.length === 0 ? [] : await context.pool.any(sql.type(dueRow)`
     SELECT id, requeue_count, greatest(0, extract(epoch FROM (available_at - now())) * 1000)::float8 AS delay_ms
     FROM runs WHERE id = ANY(${sql.array(ids, 'uuid')}) AND status = 'queued'`);
-  let restored = 0;
-  for (const row of rows) {
-    const outcome = await context.queues.ensureJob('runs', runJobId(row.id, row.requeue_count), { runId: row.id }, { delayMs: row.delay_ms });
-    if (outcome === 'added') restored += 1;
-  }
+  let restored = await restoreJobs(rows, (row) => context.queues.ensureJob('runs', runJobId(row.id, row.requeue_count), { runId: row.id }, { delayMs: row.delay_ms }));
   // A resume handed to a worker ('handoff:') is a debt too until a worker takes it, under the
   // hand-off's own job id (a job under the run's usual id may be the suspended stretch's, finishing).
   const handoffs = await context.pool.any(sql.type(z.object({ id: z.string(), revision: z.number() }))`
     SELECT id, revision FROM runs WHERE ${OPEN_RUN} AND status = 'running' AND claimed_by LIKE ${`${HANDOFF_PREFIX}%`} LIMIT ${SWEEP_BATCH}`);
-  for (const { id, revision } of handoffs) {
-    if ((await context.queues.ensureJob('runs', handoffJobId(id, revision), { runId: id })) === 'added') restored += 1;
-  }
+  restored += await restoreJobs(handoffs, ({ id, revision }) => context.queues.ensureJob('runs', handoffJobId(id, revision), { runId: id }));
   // A statechart run waiting for its durable timer owes the delayed job that wakes it.
-  for (const timer of await listTimerWaits(context.pool, SWEEP_BATCH)) {
-    if ((await context.queues.ensureJob('runs', timerJobId(timer.id, timer.revision), { runId: timer.id }, { delayMs: timer.delay_ms })) === 'added') restored += 1;
-  }
+  restored += await restoreJobs(await listTimerWaits(context.pool, SWEEP_BATCH), (timer) =>
+    context.queues.ensureJob('runs', timerJobId(timer.id, timer.revision), { runId: timer.id }, { delayMs: timer.delay_ms }),
+  );
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing run jobs');
   return { queuedRuns: rows.length, restored };
 }
@@ -66,10 +61,7 @@ export async function sweepProjectionDebts(context: Pick<KeelContext, 'pool' | '
     WHERE t.projected_state NOT IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'TASK_STATE_REJECTED')
       AND r.revision > t.projected_revision AND r.updated_at < now() - interval '2 seconds'
     ORDER BY r.updated_at LIMIT ${SWEEP_BATCH}`);
-  let restored = 0;
-  for (const debt of debts) {
-    if ((await context.queues.ensureJob('projector', projectionJobId(debt.id, debt.revision), { runId: debt.id })) === 'added') restored += 1;
-  }
+  const restored = await restoreJobs(debts, (debt) => context.queues.ensureJob('projector', projectionJobId(debt.id, debt.revision), { runId: debt.id }));
   if (restored > 0) context.logger.info({ restored }, 'sweeper restored missing projection jobs');
   return restored;
 }
@@ -130,14 +122,13 @@ export async function pollDependencies(context: Pick<KeelContext, 'pool' | 'queu
                   WHERE g.dependency_id = d.id AND c.processed_at IS NULL
                     AND (d.state IN ('resolved', 'failed') OR c.received_at > d.updated_at - interval '5 seconds'))
     ORDER BY d.next_poll_at LIMIT ${SWEEP_BATCH}`);
-  let added = 0;
-  for (const id of due) if ((await context.queues.ensureJob('inbox', inboxJobId(id), { dependencyId: id })) === 'added') added += 1;
-  return added;
+  return restoreJobs(due, (id) => context.queues.ensureJob('inbox', inboxJobId(id), { dependencyId: id }));
 }
 
 /**
  * The maintenance queue's processor. The reaper is a job of its own, not the sweep's first step: a
- * sweep restores every debt it finds one job at a time (a few queue round trips each), and after
+ * sweep restores every debt it finds (a few queue round trips each; RESTORE_CONCURRENCY at once
+ * since, one at a time before), and after
  * the worker-partition fault one with 132 projection debts took 42 s on the loaded test machine,
  * during which no sweep, so no reaper, ran anywhere: the cut-off worker's runs were taken over 38 s
  * after the cut instead of within the lease (decision 0093). The maintenance worker runs two jobs

@@ -2,6 +2,7 @@ import { sql } from 'slonik';
 import { z } from 'zod';
 import type { KeelContext } from '../context/keel-context.js';
 import { deliveryJobId } from '../queue/job-ids.js';
+import { restoreJobs } from '../queue/restore-jobs.js';
 
 // Wake-ups for push deliveries: one job for the due head of each config, never one per delivery.
 // Used after the projector's commit, by the sweeper and when an operator resumes a config.
@@ -30,12 +31,9 @@ export async function wakePendingHeads(context: Pick<KeelContext, 'pool' | 'queu
   const heads = await context.pool.any(
     dueHeads(filter ? sql.fragment`d.task_id = ${filter.taskId} AND d.config_id = ${filter.configId}` : sql.fragment`true`),
   );
-  let added = 0;
-  for (const head of heads) {
-    const outcome = await context.queues.ensureJob('push', deliveryJobId(head.id, head.attempts), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() });
-    if (outcome === 'added') added += 1;
-  }
-  return added;
+  return restoreJobs(heads, (head) =>
+    context.queues.ensureJob('push', deliveryJobId(head.id, head.attempts), { deliveryId: head.id }, { delayMs: head.next_attempt_at - Date.now() }),
+  );
 }
 
 /**
