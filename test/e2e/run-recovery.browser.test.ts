@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Task } from '@a2a-js/sdk';
 import { createClient } from '../../src/auth/client-repository.js';
 import { createAdminToken } from '../../src/ui/admin-auth.js';
+import { runVersion } from '../../src/ui/ui-queries.js';
 import { sdkClient, textMessage } from '../support/a2a-client.js';
 import { launchHeadlessChromium, type HeadlessChromium } from '../support/headless-chromium.js';
 import { insertMachineRun } from '../support/statechart-rows.js';
@@ -54,17 +55,32 @@ beforeAll(async () => {
 }, 120_000);
 
 /**
- * The run's page. A run page reloads itself when the run changes (the live reload of
- * src/ui/layout.ts), and a goto while such a reload is under way is interrupted by it ("navigation
- * interrupted by another navigation": once in CI, right after a retry): it is gone to again.
+ * The run's page, once what it shows has settled. A run page reloads itself when the run changes
+ * (the live reload of src/ui/layout.ts: its version, runVersion, counts the task's projection, the
+ * run's events and deliveries), and a goto while such a reload is under way is interrupted by it
+ * ("navigation interrupted by another navigation"). Right after a run failed or a retry ended, its
+ * projection and audit rows may still be landing: on a loaded CI machine three gotos in a row were
+ * interrupted that way. So the page is gone to once the version has stayed the same for a moment,
+ * and gone to again if a reload still interrupts it.
  */
 async function gotoRunPage(id: string): Promise<void> {
+  const deadline = Date.now() + 15_000;
+  let last = await runVersion(keel.context.pool, id);
+  let unchangedSince = Date.now();
+  while (Date.now() - unchangedSince < 500 && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const now = await runVersion(keel.context.pool, id);
+    if (now !== last) {
+      last = now;
+      unchangedSince = Date.now();
+    }
+  }
   for (let attempt = 1; ; attempt += 1) {
     try {
       await page.goto(`${keel.url}/ui/runs/${id}`);
       return;
     } catch (error) {
-      if (attempt >= 3 || !String(error).includes('interrupted by another navigation')) throw error;
+      if (attempt >= 5 || !String(error).includes('interrupted by another navigation')) throw error;
     }
   }
 }

@@ -345,7 +345,10 @@ describe(`streams across processes on the ${BACKEND} queue backend`, () => {
     'a stream opened on API A resumes on API B with Last-Event-ID; a subscription on B sees the worker\'s events live',
     async () => {
       const installation = await suite.install({
-        env: { ...TOOLS, KEEL_PROVIDERS: JSON.stringify({ chunks: CHUNKS }), KEEL_AGENTS: JSON.stringify([{ id: 'chunks', name: 'Chunks', provider: 'chunks', tools: ['lookup'], privacy: { answerLevel: 'full' } }]) },
+        // A lease of 6 s (heartbeat 2 s), not the fault suite's 2 s: this scenario is about streams,
+        // and on a loaded CI machine a worker whose heartbeat came 2 s late had a run taken over by
+        // its own reaper (fenced correctly, run again, but not the one claim this scenario checks).
+        env: { ...TOOLS, KEEL_RUNS_LEASE_SECONDS: '6', KEEL_RUNS_HEARTBEAT_SECONDS: '2', KEEL_PROVIDERS: JSON.stringify({ chunks: CHUNKS }), KEEL_AGENTS: JSON.stringify([{ id: 'chunks', name: 'Chunks', provider: 'chunks', tools: ['lookup'], privacy: { answerLevel: 'full' } }]) },
       });
       const pool = await installation.pool();
       await logWriters(pool);
