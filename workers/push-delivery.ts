@@ -20,7 +20,7 @@ import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/context/keel-context.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
 import { EVENT_SEQUENCE_HEADER, stampResponse } from '../src/a2a/sequenced-events.js';
-import { runTraceOfTask } from '../src/runs/run-repository.js';
+import { getRunTrace } from '../src/runs/run-repository.js';
 import { inPushDeliverySpan } from '../src/tracing/client-spans.js';
 import { runContext } from '../src/tracing/run-trace.js';
 import { tracingEnabled } from '../src/tracing/tracing-switch.js';
@@ -266,7 +266,7 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     // While tracing is on, the attempt is a span under its task's run span, its traceparent sent with the webhook.
     const result = tracingEnabled()
       ? await inPushDeliverySpan(
-          runContext((await runTraceOfTask(pool, delivery.task_id)) ?? {}),
+          runContext((await getRunTrace(pool, delivery.task_id)) ?? {}),
           { url: delivery.url, deliveryId: delivery.id, taskId: delivery.task_id, attempt: number },
           headers,
           post,

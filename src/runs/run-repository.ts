@@ -695,15 +695,13 @@ export async function listRuns(db: Db, filter: ListRunsFilter): Promise<readonly
     ORDER BY created_at DESC, id DESC LIMIT ${filter.limit}`);
 }
 
-/** The stored trace of a task's run (a task's id is its run's), for the spans of work done for the task outside the run (push deliveries). */
-export async function runTraceOfTask(db: Db, taskId: string): Promise<{ trace_context: string | null; trace_state: string | null } | null> {
-  return db.maybeOne(sql.type(z.object({ trace_context: z.string().nullable(), trace_state: z.string().nullable() }))`
-    SELECT trace_context, trace_state FROM runs WHERE id = ${taskId}`);
-}
-
 const runTraceRow = z.object({ trace_context: z.string().nullable(), trace_parent_span: z.string().nullable(), trace_state: z.string().nullable() });
 
-/** A run's stored trace columns (src/tracing/run-trace.ts), or null for no such run. */
+/**
+ * A run's stored trace columns (src/tracing/run-trace.ts), or null for no such run: for the spans of
+ * work done for it outside a worker's stretch (a reconcile's remote calls; a push delivery, by its
+ * task's id, which is its run's).
+ */
 export async function getRunTrace(db: Db, runId: string): Promise<z.infer<typeof runTraceRow> | null> {
   return db.maybeOne(sql.type(runTraceRow)`SELECT trace_context, trace_parent_span, trace_state FROM runs WHERE id = ${runId}`);
 }
