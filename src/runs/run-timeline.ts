@@ -92,7 +92,13 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
   const lastAt = Math.max(run.created_at, ...events.map((event) => event.created_at), ...machineSteps.map((step) => step.at));
   const end = inProgress ? Math.max(now, lastAt) : Math.max(run.settled_at ?? lastAt, lastAt);
   const segments: TimelineSegment[] = [];
-  const add = (segment: Omit<TimelineSegment, 'open'>, open = false) => segments.push({ ...segment, start: segment.start, end: Math.max(segment.start, segment.end), open });
+  const add = (segment: Omit<TimelineSegment, 'open'>, open = false): TimelineSegment => {
+    const added = { ...segment, start: segment.start, end: Math.max(segment.start, segment.end), open };
+    segments.push(added);
+    return added;
+  };
+  /** A statechart step's segment and the id of the invocation that ran it (its call id's `<n>-<invoke id>`). */
+  const invocations = new Map<TimelineSegment, string>();
 
   const ordered = [...events].sort((a, b) => a.sequence - b.sequence);
   const firstClaim = ordered.find((event) => event.kind === 'claimed' || event.kind === 'resumed');
@@ -103,10 +109,11 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
 
   // A statechart agent's states, from its committed path.
   const path = [...machineSteps].sort((a, b) => a.sequence - b.sequence);
-  path.forEach((step, index) => {
+  const visits = path.map((step, index) => {
     const next = path[index + 1];
     const last = next === undefined;
-    add({ kind: 'state', label: stateText(step.state), start: step.at, end: last ? end : next.at }, last && inProgress);
+    const segment = add({ kind: 'state', label: stateText(step.state), start: step.at, end: last ? end : next.at }, last && inProgress);
+    return { segment, at: step.at, enteredBy: step.event.startsWith(DONE_ACTOR) ? step.event.slice(DONE_ACTOR.length) : null };
   });
 
   let held: { start: number } | null = null;
@@ -169,7 +176,9 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
         const suffix = outcome === null || outcome === 'ok' ? '' : ` (${outcome}${text(meta.errorClass) ? ` ${text(meta.errorClass)}` : ''})`;
         const label = `${call?.label ?? stepName(meta.tool)}${suffix}`;
         const start = call?.start ?? at - (count(meta.durationMs) ?? 0);
-        add({ kind: call?.retry ? 'retry' : 'step', label, start, end: at });
+        const segment = add({ kind: call?.retry ? 'retry' : 'step', label, start, end: at });
+        const invocation = STEP_CALL_ID.exec(callId)?.[1];
+        if (invocation !== undefined) invocations.set(segment, invocation);
         calls.delete(callId);
         break;
       }
@@ -211,11 +220,31 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
   if (wait !== null) add({ kind: 'wait', wait: wait.kind, label: wait.label, start: wait.start, end }, inProgress);
   if (held !== null && path.length === 0) add({ kind: 'state', label: 'running', start: held.start, end }, inProgress);
 
-  segments.sort((a, b) => a.start - b.start || KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind));
+  // Times are milliseconds, and a quick step and the transition its end caused can share one: the
+  // committed order breaks such ties. A segment sorts under the state visit it happened in (the
+  // last one entered by its start), except a step whose completion entered that visit (its
+  // `xstate.done.actor.<invoke id>` names the step's invocation): it happened in the visit before.
+  const visitIndex = new Map(visits.map((visit, index) => [visit.segment, index]));
+  const visitOf = (segment: TimelineSegment): number => {
+    const own = visitIndex.get(segment);
+    if (own !== undefined) return own;
+    if (segment.kind === 'state') return -1;
+    let index = -1;
+    visits.forEach((visit, at) => {
+      if (visit.at <= segment.start) index = at;
+    });
+    const invocation = invocations.get(segment);
+    return index >= 0 && invocation !== undefined && visits[index]!.enteredBy === invocation ? index - 1 : index;
+  };
+  segments.sort((a, b) => a.start - b.start || visitOf(a) - visitOf(b) || KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind));
   return { start: run.created_at, end, inProgress, segments };
 }
 
 const KIND_ORDER: readonly SegmentKind[] = ['state', 'wait', 'step', 'retry', 'requeue', 'refused'];
+/** The event of a transition an invoked actor's completion took (XState's `xstate.done.actor.<invoke id>`). */
+const DONE_ACTOR = 'xstate.done.actor.';
+/** A statechart step's call id, `<step number>-<invoke id>` (workers/statechart-agent-run.ts). */
+const STEP_CALL_ID = /^\d+-(.+)$/;
 
 /** A duration for a person: 850ms, 4.2s, 3m 05s, 2h 10m. */
 export function formatDuration(ms: number): string {

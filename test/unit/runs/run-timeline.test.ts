@@ -43,6 +43,35 @@ describe('buildRunTimeline', () => {
     expect(lines.some((line) => /^\s+\+150ms\s+5\.0s\s+wait\(input\)\s+input for step:ask$/.test(line))).toBe(true);
   });
 
+  it('steps and transitions in the same millisecond: a step before the state its completion entered, after the state it ran in', () => {
+    // A quick step: its call, its result and the transition its end took (xstate.done.actor.<its
+    // invoke id>) all stamped 120; the next state's own step starts in the millisecond that state
+    // was entered (200), as does the wait the state after asks for (300).
+    const events = [
+      event(100, 'claimed', { worker: 'w1', revision: 1, requeues: 0 }),
+      event(120, 'tool_call', { tool: 'step:check', effect: 'read_only', callId: '0-0.order.checking' }),
+      event(120, 'tool_result', { tool: 'step:check', callId: '0-0.order.checking', outcome: 'ok', durationMs: 0 }),
+      event(200, 'tool_call', { tool: 'step:pay', effect: 'idempotent_write', callId: '1-0.order.paying' }),
+      event(200, 'tool_result', { tool: 'step:pay', callId: '1-0.order.paying', outcome: 'ok', durationMs: 0 }),
+      event(300, 'suspended', { status: 'waiting_for_input', tool: 'askInput' }),
+    ];
+    const path = [
+      step(120, 'checking', 'xstate.init'),
+      step(120, 'paying', 'xstate.done.actor.0.order.checking'),
+      step(200, 'asking', 'xstate.done.actor.0.order.paying'),
+    ];
+    const timeline = buildRunTimeline({ status: 'waiting_for_input', created_at: T0, settled_at: null }, events, path, T0 + 400);
+    expect(brief(timeline.segments).map(([kind, label, start]) => [kind, label, start])).toEqual([
+      ['state', 'queued', 0],
+      ['state', 'checking', 120],
+      ['step', 'step check', 120],
+      ['state', 'paying', 120],
+      ['step', 'step pay', 200],
+      ['state', 'asking', 200],
+      ['wait(input)', 'input for askInput', 300],
+    ]);
+  });
+
   it('an agent loop: approval and dependency waits, model retries, a tool performed again after a crash, a requeue', () => {
     const events = [
       event(50, 'claimed', { worker: 'w1', revision: 1, requeues: 0 }),
