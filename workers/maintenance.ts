@@ -127,8 +127,8 @@ export async function pollDependencies(context: Pick<KeelContext, 'pool' | 'queu
 
 /**
  * The maintenance queue's processor. The reaper is a job of its own, not the sweep's first step: a
- * sweep restores every debt it finds (a few queue round trips each; RESTORE_CONCURRENCY at once
- * since, one at a time before), and after
+ * sweep restores every debt it finds (a few queue round trips each, RESTORE_CONCURRENCY at a time;
+ * one at a time when this was decided), and after
  * the worker-partition fault one with 132 projection debts took 42 s on the loaded test machine,
  * during which no sweep, so no reaper, ran anywhere: the cut-off worker's runs were taken over 38 s
  * after the cut instead of within the lease (decision 0093). The maintenance worker runs two jobs

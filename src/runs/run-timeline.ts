@@ -224,17 +224,21 @@ export function buildRunTimeline(run: TimelineRun, events: readonly TimelineEven
   // committed order breaks such ties. A segment sorts under the state visit it happened in (the
   // last one entered by its start), except a step whose completion entered that visit (its
   // `xstate.done.actor.<invoke id>` names the step's invocation): it happened in the visit before.
-  const visitIndex = new Map(visits.map((visit, index) => [visit.segment, index]));
+  // Read only for tied segments, once each (the sort compares a segment many times).
+  const visitOfSegment = new Map(visits.map((visit, index) => [visit.segment, index]));
   const visitOf = (segment: TimelineSegment): number => {
-    const own = visitIndex.get(segment);
-    if (own !== undefined) return own;
-    if (segment.kind === 'state') return -1;
-    let index = -1;
-    visits.forEach((visit, at) => {
-      if (visit.at <= segment.start) index = at;
-    });
-    const invocation = invocations.get(segment);
-    return index >= 0 && invocation !== undefined && visits[index]!.enteredBy === invocation ? index - 1 : index;
+    let index = visitOfSegment.get(segment);
+    if (index !== undefined) return index;
+    index = -1;
+    if (segment.kind !== 'state') {
+      visits.forEach((visit, at) => {
+        if (visit.at <= segment.start) index = at;
+      });
+      const invocation = invocations.get(segment);
+      if (index >= 0 && invocation !== undefined && visits[index]!.enteredBy === invocation) index -= 1;
+    }
+    visitOfSegment.set(segment, index);
+    return index;
   };
   segments.sort((a, b) => a.start - b.start || visitOf(a) - visitOf(b) || KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind));
   return { start: run.created_at, end, inProgress, segments };
