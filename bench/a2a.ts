@@ -92,11 +92,15 @@ import { ADMIN_URL, fmt, percentile } from './support.js';
 //   BENCH_KEEL_QUEUE       Keel's queue backend: redis | postgres, or both: "redis,postgres" (redis;
 //                          Redis at BENCH_REDIS_URL, redis://127.0.0.1:6379; the knobs every Keel
 //                          bench reads are in bench/keel-harness.ts)
-//   BENCH_TRACING          off | sdk, or both: "off,sdk" (off): Keel without the OpenTelemetry SDK,
-//                          or with it (OTEL_EXPORTER_OTLP_ENDPOINT set: a BatchSpanProcessor
-//                          exporting OTLP/HTTP protobuf to a local sink process that reads each
-//                          request and discards it). Both: every Keel target twice in one run, and a
-//                          `tracing cost` line per pair: tasks/s with the SDK ÷ without, p50, p99
+//   BENCH_TRACING          off | sdk | sdk-sampled, or several: "off,sdk" (off): Keel without the
+//                          OpenTelemetry SDK, or with it (OTEL_EXPORTER_OTLP_ENDPOINT set: a
+//                          BatchSpanProcessor exporting OTLP/HTTP protobuf to a local sink process
+//                          that reads each request and discards it), recording every trace (sdk) or
+//                          one in BENCH_TRACING_RATIO (sdk-sampled: OTEL_TRACES_SAMPLER
+//                          parentbased_traceidratio, the usual setting at high request rates).
+//                          With off and a traced mode: every Keel target once per mode in one run,
+//                          and a `tracing cost` line per traced mode: tasks/s ÷ without, p50, p99
+//   BENCH_TRACING_RATIO    the share of traces sdk-sampled records, from 0 to 1 (0.1)
 //   BENCH_KEEL_AUTH        token | none (token): under token one client is created once per Keel run
 //                          (`keel clients add bench`) and every process of it accepts its token
 //   BENCH_KEEL_LOG_LEVEL   KEEL_LOG_LEVEL of the Keel children (warn)
@@ -166,7 +170,7 @@ type Mode = 'blocking' | 'streaming';
 type Topology = 'single' | 'split';
 type QueueKind = 'redis' | 'postgres';
 type KeelRole = 'all' | 'api' | 'worker';
-type Tracing = 'off' | 'sdk';
+type Tracing = 'off' | 'sdk' | 'sdk-sampled';
 
 type Measurement = {
   round: number;
@@ -235,7 +239,7 @@ type TargetResult = {
   /** '1 process', 'single', 'split'. */
   topology: string;
   queue: QueueKind | null;
-  /** Keel: without the OpenTelemetry SDK, or with it exporting to the local sink (BENCH_TRACING). */
+  /** Keel: without the OpenTelemetry SDK, or with it exporting to the local sink, every trace or a share (BENCH_TRACING). */
   tracing?: Tracing;
   unavailable?: string;
   measurements: Measurement[];
@@ -271,7 +275,9 @@ const modes = knobs.choices<Mode>('BENCH_MODE', 'blocking', ['blocking', 'stream
 const targetKinds = knobs.choices<TargetKind>('BENCH_TARGETS', 'sdk-memory,sdk-postgres,keel', ['sdk-memory', 'sdk-postgres', 'keel']);
 const topologies = knobs.choices<Topology>('BENCH_KEEL_TOPOLOGY', 'single,split', ['single', 'split']);
 const keelQueues = knobs.choices<QueueKind>('BENCH_KEEL_QUEUE', 'redis', ['redis', 'postgres']);
-const tracingModes = knobs.choices<Tracing>('BENCH_TRACING', 'off', ['off', 'sdk']);
+const tracingModes = knobs.choices<Tracing>('BENCH_TRACING', 'off', ['off', 'sdk', 'sdk-sampled']);
+const tracingRatio = knobs.nonNegative('BENCH_TRACING_RATIO', 0.1);
+if (tracingRatio > 1) fail(`BENCH_TRACING_RATIO: expected a ratio from 0 to 1, got "${process.env.BENCH_TRACING_RATIO}"`);
 const keelAuthMode = knobs.choice<'token' | 'none'>('BENCH_KEEL_AUTH', 'token', ['token', 'none']);
 const sdkPoolSize = knobs.positive('BENCH_SDK_PG_POOL', 10);
 const keelLogLevel = process.env.BENCH_KEEL_LOG_LEVEL ?? 'warn';
@@ -1185,8 +1191,12 @@ async function benchKeel(result: TargetResult, topology: Topology, queue: QueueK
     if (queue === 'redis') env.KEEL_QUEUE_REDIS_URL = benchHosts?.redisUrl ?? redisUrl;
     // Tracing is what BENCH_TRACING says, whatever OTEL_* or KEEL_TELEMETRY_* the bench was started with.
     for (const name of Object.keys(env)) if (name.startsWith('OTEL_') || name.startsWith('KEEL_TELEMETRY_')) delete env[name];
-    const sink = tracing === 'sdk' ? await startOtlpSink() : null;
+    const sink = tracing !== 'off' ? await startOtlpSink() : null;
     if (sink) env.OTEL_EXPORTER_OTLP_ENDPOINT = sink.origin;
+    if (tracing === 'sdk-sampled') {
+      env.OTEL_TRACES_SAMPLER = 'parentbased_traceidratio';
+      env.OTEL_TRACES_SAMPLER_ARG = String(tracingRatio);
+    }
 
     const roles: KeelRole[] = topology === 'single' ? ['all'] : ['api', 'api', 'worker', 'worker'];
     const nodes: KeelNode[] = [];
@@ -1353,8 +1363,9 @@ function plan(): TargetPlan[] {
       for (const queue of keelQueues) {
         for (const topology of topologies) {
           for (const tracing of tracingModes) {
-            const traced = tracing === 'sdk';
-            const result = make(`keel-${topology}-${queue}${traced ? '-otel' : ''}`, 'keel', traced ? 'Keel+OTel' : 'Keel', topology, queue);
+            const suffix = { off: '', sdk: '-otel', 'sdk-sampled': '-otel-sampled' }[tracing];
+            const label = { off: 'Keel', sdk: 'Keel+OTel', 'sdk-sampled': `Keel+OTel ${tracingRatio}` }[tracing];
+            const result = make(`keel-${topology}-${queue}${suffix}`, 'keel', label, topology, queue);
             result.tracing = tracing;
             plans.push({ result, run: () => benchKeel(result, topology, queue, tracing) });
           }
@@ -1366,7 +1377,8 @@ function plan(): TargetPlan[] {
 }
 
 function rowLabel(result: TargetResult): string {
-  const label = result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue${result.tracing === 'sdk' ? ', OTel SDK' : ''})` : result.target;
+  const traced = { off: '', sdk: ', OTel SDK', 'sdk-sampled': `, OTel SDK sampling ${tracingRatio}` }[result.tracing ?? 'off'];
+  const label = result.kind === 'keel' ? `Keel ${result.topology} (${result.queue} queue${traced})` : result.target;
   return result.mode === 'blocking' ? label : `${label}, ${result.mode}`;
 }
 
@@ -1622,16 +1634,18 @@ type TracingCost = {
   /** Tasks/s with the SDK ÷ without, of the medians; and round by round. */
   ratio: number;
   roundRatios: number[];
+  /** The traced mode against Keel without the SDK. */
+  tracing: Exclude<Tracing, 'off'>;
   off: Summary;
   sdk: Summary;
 };
 
-/** BENCH_TRACING=off,sdk: each Keel target with the SDK against the same target without it, in this run. */
+/** BENCH_TRACING=off,sdk (or sdk-sampled): each Keel target with the SDK against the same target without it, in this run. */
 function tracingCosts(results: TargetResult[]): TracingCost[] {
   const costs: TracingCost[] = [];
-  for (const traced of results.filter((result) => result.kind === 'keel' && result.tracing === 'sdk')) {
-    const plain = results.find((result) => result.kind === 'keel' && result.mode === traced.mode && result.tracing !== 'sdk' && result.topology === traced.topology && result.queue === traced.queue);
-    if (!plain) continue;
+  for (const traced of results.filter((result) => result.kind === 'keel' && result.tracing !== undefined && result.tracing !== 'off')) {
+    const plain = results.find((result) => result.kind === 'keel' && result.mode === traced.mode && (result.tracing ?? 'off') === 'off' && result.topology === traced.topology && result.queue === traced.queue);
+    if (!plain || traced.tracing === undefined || traced.tracing === 'off') continue;
     for (const concurrency of concurrencies) {
       const sdk = summarize(traced, concurrency);
       const off = summarize(plain, concurrency);
@@ -1640,7 +1654,7 @@ function tracingCosts(results: TargetResult[]): TracingCost[] {
         const base = plain.measurements.find((other) => other.concurrency === concurrency && other.round === m.round);
         return m.concurrency === concurrency && base && base.tasksPerSecond > 0 ? [m.tasksPerSecond / base.tasksPerSecond] : [];
       });
-      costs.push({ topology: traced.topology, queue: traced.queue, concurrency, ratio: sdk.tasksPerSecond / off.tasksPerSecond, roundRatios, off, sdk });
+      costs.push({ topology: traced.topology, queue: traced.queue, concurrency, tracing: traced.tracing, ratio: sdk.tasksPerSecond / off.tasksPerSecond, roundRatios, off, sdk });
     }
   }
   return costs;
@@ -1648,11 +1662,13 @@ function tracingCosts(results: TargetResult[]): TracingCost[] {
 
 function tracingLines(costs: TracingCost[]): string[] {
   if (costs.length === 0) return [];
-  const lines = ['tracing cost (BENCH_TRACING=off,sdk): Keel with the OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf to a local sink that discards) ÷ Keel without it, same run:'];
+  const lines = [
+    `tracing cost (BENCH_TRACING=${tracingModes.join(',')}): Keel with the OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf to a local sink that discards; every trace recorded, or one in ${fmt(1 / Math.max(tracingRatio, 1e-9), 0)} with sdk-sampled) ÷ Keel without it, same run:`,
+  ];
   for (const cost of costs) {
     const rounds = cost.roundRatios.length > 1 ? `; round by round ${cost.roundRatios.map((value) => `${fmt(value, 2)}×`).join(', ')} (median ${fmt(median(cost.roundRatios), 2)}×)` : '';
     lines.push(
-      `  ${cost.concurrency}  ${cost.topology}${cost.queue ? ` (${cost.queue} queue)` : ''}: ${fmt(cost.sdk.tasksPerSecond)} ÷ ${fmt(cost.off.tasksPerSecond)} tasks/s = ${fmt(cost.ratio, 2)}× ` +
+      `  ${cost.concurrency}  ${cost.topology}${cost.queue ? ` (${cost.queue} queue)` : ''}, ${cost.tracing === 'sdk' ? 'every trace' : `sampling ${tracingRatio}`}: ${fmt(cost.sdk.tasksPerSecond)} ÷ ${fmt(cost.off.tasksPerSecond)} tasks/s = ${fmt(cost.ratio, 2)}× ` +
         `(${fmt((cost.ratio - 1) * 100, 1)} %); p50 ${ms(cost.sdk.p50)} against ${ms(cost.off.p50)} ms, p99 ${ms(cost.sdk.p99)} against ${ms(cost.off.p99)} ms${rounds}`,
     );
   }
@@ -1858,7 +1874,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
       sdkPoolSize,
       cpu: cpuEnabled,
       ...(modes.includes('streaming') ? { modes } : {}),
-      ...(tracingModes.includes('sdk') ? { tracing: tracingModes } : {}),
+      ...(tracingModes.some((tracing) => tracing !== 'off') ? { tracing: tracingModes, ...(tracingModes.includes('sdk-sampled') ? { tracingRatio } : {}) } : {}),
       ...(keelNodeArgs.length > 0 ? { keelNodeArgs } : {}),
       ...(logStatements ? { logStatements } : {}),
     },
@@ -1869,6 +1885,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
             topology: cost.topology,
             queue: cost.queue,
             concurrency: cost.concurrency,
+            tracing: cost.tracing,
             ratio: round3(cost.ratio),
             roundRatios: cost.roundRatios.map(round3),
             tasksPerSecond: { off: round2(cost.off.tasksPerSecond), sdk: round2(cost.sdk.tasksPerSecond) },
@@ -1884,7 +1901,7 @@ function jsonDocument(results: TargetResult[], postgres: PostgresInfo): Record<s
       target: result.target,
       topology: result.topology,
       queue: result.queue,
-      ...(result.tracing === 'sdk' ? { tracing: result.tracing } : {}),
+      ...(result.tracing !== undefined && result.tracing !== 'off' ? { tracing: result.tracing } : {}),
       ...(result.unavailable ? { unavailable: result.unavailable } : {}),
       ...(result.notes.length > 0 ? { notes: result.notes } : {}),
       ...(result.databaseWork

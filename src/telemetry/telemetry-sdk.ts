@@ -18,6 +18,7 @@ import {
 import { ATTR_SERVICE_INSTANCE_ID, ATTR_SERVICE_NAME } from '@opentelemetry/semantic-conventions';
 import { setTracingEnabled } from '../tracing/tracing-switch.js';
 import { KeelTracerProvider } from './keel-tracer-provider.js';
+import { LinkedTraceSampler } from './linked-trace-sampler.js';
 import { RequestedIdGenerator } from './requested-id-generator.js';
 import type { SamplerName, TelemetrySettings } from './telemetry-settings.js';
 
@@ -71,7 +72,8 @@ export function wireTelemetry(settings: TelemetrySettings, identity: TelemetryId
   );
   const provider = new BasicTracerProvider({
     resource,
-    sampler: samplerFor(settings.sampler, settings.samplerRatio),
+    // A batch span, the root of its own trace, is kept when a task it wrote was (linked-trace-sampler.ts).
+    sampler: new LinkedTraceSampler(samplerFor(settings.sampler, settings.samplerRatio)),
     idGenerator: new RequestedIdGenerator(new RandomIdGenerator()),
     spanProcessors: [new BatchSpanProcessor(exporterFor(settings), { exportTimeoutMillis: settings.exportTimeoutMs })],
   });

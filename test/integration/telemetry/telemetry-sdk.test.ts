@@ -1,7 +1,7 @@
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
-import { trace } from '@opentelemetry/api';
+import { ROOT_CONTEXT, trace, TraceFlags } from '@opentelemetry/api';
 import { sql } from 'slonik';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { configSchema } from '../../../src/config/config-schema.js';
@@ -90,6 +90,30 @@ describe('the SDK wired by src/telemetry/', () => {
     });
     expect(collector.requests[0]).toMatchObject({ path: '/v1/traces', contentType: 'application/json' });
     expect(collector.requests[0]!.headers['x-collector-key']).toBe('k one');
+  });
+
+  it("under a ratio sampler a root span linked to a kept trace is kept (a batch that wrote a kept task), one linked only to dropped traces is not", async () => {
+    const collector = await receiver();
+    // No new trace is kept (ratio 0): only a caller's sampled traceparent keeps one.
+    const telemetry = await wire({ endpoint: collector.url, protocol: 'http/json', sampler: 'parentbased_traceidratio', samplerRatio: 0 });
+    const tracer = trace.getTracer('keel');
+    const kept = { traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED, isRemote: true };
+    const dropped = { traceId: '5bf92f3577b34da6a3ce929d0e0e4737', spanId: '10f067aa0ba902b8', traceFlags: TraceFlags.NONE, isRemote: true };
+    tracer.startSpan('A2A SendMessage', {}, trace.setSpanContext(ROOT_CONTEXT, kept)).end();
+    tracer.startSpan('A2A SendMessage (not sampled)', {}, trace.setSpanContext(ROOT_CONTEXT, dropped)).end();
+    tracer.startSpan('keel.write_batch (a kept task)', { links: [{ context: dropped }, { context: kept }] }, ROOT_CONTEXT).end();
+    tracer.startSpan('keel.write_batch (dropped tasks)', { links: [{ context: dropped }] }, ROOT_CONTEXT).end();
+    tracer.startSpan('a new trace', {}, ROOT_CONTEXT).end();
+    await telemetry.shutdown();
+
+    const spans = await collector.waitFor((received) => received.length >= 2);
+    expect(spans.map((span) => span.name).sort()).toEqual(['A2A SendMessage', 'keel.write_batch (a kept task)']);
+    const batch = spans.find((span) => span.name === 'keel.write_batch (a kept task)')!;
+    expect(batch.parentSpanId).toBeNull();
+    expect(batch.links).toEqual([
+      { traceId: dropped.traceId, spanId: dropped.spanId },
+      { traceId: kept.traceId, spanId: kept.spanId },
+    ]);
   });
 
   it('sends OTLP protobuf by default', async () => {
