@@ -17,44 +17,57 @@ import { encodeMasterKey, generateMasterKey } from '../../src/sealing/master-key
 
 const redisUrl = testQueueKind() === 'redis' ? TEST_REDIS_URL : null;
 const queuePrefix = testQueuePrefix();
-let database: TestDatabase | null = null;
-let receiver: OtlpReceiver | null = null;
-let child: KeelProcess | null = null;
+const databases: TestDatabase[] = [];
+const receivers: OtlpReceiver[] = [];
+const children: KeelProcess[] = [];
 
 afterAll(async () => {
-  if (child && child.child.exitCode === null && child.child.signalCode === null) {
-    child.child.kill('SIGKILL');
-    await child.exited;
+  for (const child of children) {
+    if (child.child.exitCode === null && child.child.signalCode === null) {
+      child.child.kill('SIGKILL');
+      await child.exited;
+    }
   }
-  await receiver?.close();
-  await database?.drop();
+  for (const receiver of receivers) await receiver.close();
+  for (const database of databases) await database.drop();
   if (redisUrl) await deleteQueueKeys([queuePrefix], redisUrl);
 });
 
 const ofTask = (taskId: string) => (span: ReceivedSpan) => span.attributes['keel.task.id'] === taskId;
 
+/** A `keel start` process exporting to a receiver of its own over OTLP/HTTP JSON, configured by `otel` besides. */
+async function startTracedKeel(otel: Record<string, string> = {}) {
+  const database = await createTestDatabase();
+  databases.push(database);
+  const receiver = await startOtlpReceiver();
+  receivers.push(receiver);
+  const created = await createClient(database.pool, 'otlp-test');
+  if (!created.ok) throw new Error(created.reason);
+  const child = spawnKeel(['start'], {
+    cwd: tempDir('keel-otlp-cwd-'),
+    env: cleanEnv({
+      ...TEST_POOL_ENV,
+      KEEL_DATABASE_URL: database.url,
+      KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
+      KEEL_SERVER_PORT: '0',
+      KEEL_DATA_DIR: tempDir('keel-otlp-data-'),
+      KEEL_QUEUE_PREFIX: queuePrefix,
+      ...(redisUrl ? { KEEL_QUEUE_REDIS_URL: redisUrl } : {}),
+      OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url,
+      OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: 'http/json',
+      OTEL_BSP_SCHEDULE_DELAY: '60000',
+      ...otel,
+    }),
+  });
+  children.push(child);
+  return { receiver, client: created, child };
+}
+
 describe('traces over OTLP/HTTP', () => {
   it('exports the spans of a task, one trace, flushed at the graceful shutdown', async () => {
-    database = await createTestDatabase();
-    receiver = await startOtlpReceiver();
-    const created = await createClient(database.pool, 'otlp-test');
-    if (!created.ok) throw new Error(created.reason);
-    child = spawnKeel(['start'], {
-      cwd: tempDir('keel-otlp-cwd-'),
-      env: cleanEnv({
-        ...TEST_POOL_ENV,
-        KEEL_DATABASE_URL: database.url,
-        KEEL_MASTER_KEY: encodeMasterKey(generateMasterKey()),
-        KEEL_SERVER_PORT: '0',
-        KEEL_DATA_DIR: tempDir('keel-otlp-data-'),
-        KEEL_QUEUE_PREFIX: queuePrefix,
-        ...(redisUrl ? { KEEL_QUEUE_REDIS_URL: redisUrl } : {}),
-        OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url,
-        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: 'http/json',
-        OTEL_EXPORTER_OTLP_HEADERS: 'x-collector-key=test-key',
-        OTEL_RESOURCE_ATTRIBUTES: 'deployment.environment.name=test',
-        OTEL_BSP_SCHEDULE_DELAY: '60000',
-      }),
+    const { receiver, client: created, child } = await startTracedKeel({
+      OTEL_EXPORTER_OTLP_HEADERS: 'x-collector-key=test-key',
+      OTEL_RESOURCE_ATTRIBUTES: 'deployment.environment.name=test',
     });
     const exporting = await child.waitForLog('exporting traces over OTLP/HTTP', 45_000);
     expect(exporting).toMatchObject({ tracesUrl: `${receiver.url}/v1/traces`, protocol: 'http/json', serviceName: 'keel' });
@@ -94,5 +107,45 @@ describe('traces over OTLP/HTTP', () => {
     for (const span of spans.filter((span) => span.traceId === server.traceId && span !== server)) {
       expect(span.parentSpanId === null || ids.has(span.parentSpanId), `${span.name}'s parent is in the trace`).toBe(true);
     }
+  });
+
+  it("under a ratio sampler keeps a sampled caller's task whole, the batch that wrote it included, and nothing of a task not sampled", async () => {
+    // Ratio 0: no new trace is kept; a caller's traceparent with the sampled flag keeps its task's.
+    const { receiver, client, child } = await startTracedKeel({ OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '0' });
+    const ready = await child.waitForLog('keel is ready', 45_000);
+    const kept = { traceId: '0af7651916cd43dd8448eb211c80319c', parentId: 'b7ad6b7169203331' };
+    const send = async (text: string, traceparent?: string) => {
+      const response = await fetch(`${String(ready.url).replace(/\/$/, '')}/a2a/echo`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${client.token}`, 'a2a-version': '1.0', 'content-type': 'application/json', ...(traceparent ? { traceparent } : {}) },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId: crypto.randomUUID(), role: 'ROLE_USER', parts: [{ text }] } } }),
+      });
+      const body = (await response.json()) as { result: { task: { id: string; status: { state: string } } } };
+      expect(body.result.task.status.state).toBe('TASK_STATE_COMPLETED');
+      return body.result.task.id;
+    };
+    // One after the other: each task's writes go in batches of their own.
+    const keptTask = await send('keep me', `00-${kept.traceId}-${kept.parentId}-01`);
+    const droppedTask = await send('not me', `00-1bf7651916cd43dd8448eb211c80319d-c7ad6b7169203332-00`);
+    const unsampledTask = await send('nor me');
+
+    child.child.kill('SIGTERM');
+    expect(await child.exited).toEqual({ code: 0, signal: null });
+    const spans = await receiver.waitFor((received) => received.some((span) => span.name === 'invoke_agent echo'), 5_000);
+
+    const server = spans.find((span) => span.name === 'A2A SendMessage')!;
+    expect(server).toMatchObject({ traceId: kept.traceId, parentSpanId: kept.parentId });
+    expect(server.attributes['keel.task.id']).toBe(keptTask);
+    expect(spans.filter((span) => span.traceId === kept.traceId).map((span) => span.name)).toEqual(expect.arrayContaining(['A2A SendMessage', 'keel.run.stretch', 'invoke_agent echo']));
+    // The batches that wrote the kept task: roots of their own traces, linked to it, and kept.
+    const batches = spans.filter((span) => span.name === 'keel.write_batch');
+    expect(batches.length).toBeGreaterThan(0);
+    for (const batch of batches) {
+      expect(batch.parentSpanId).toBeNull();
+      expect(batch.links.some((link) => link.traceId === kept.traceId), 'a kept batch links to the kept task').toBe(true);
+    }
+    // Nothing else: every span is in the kept trace or a batch linked to it.
+    expect(spans.filter((span) => span.traceId !== kept.traceId && span.name !== 'keel.write_batch')).toEqual([]);
+    expect(spans.filter((span) => [droppedTask, unsampledTask].includes(String(span.attributes['keel.task.id'])))).toEqual([]);
   });
 });
