@@ -1643,9 +1643,10 @@ type TracingCost = {
 /** BENCH_TRACING=off,sdk (or sdk-sampled): each Keel target with the SDK against the same target without it, in this run. */
 function tracingCosts(results: TargetResult[]): TracingCost[] {
   const costs: TracingCost[] = [];
-  for (const traced of results.filter((result) => result.kind === 'keel' && result.tracing !== undefined && result.tracing !== 'off')) {
+  const isTraced = (result: TargetResult): result is TargetResult & { tracing: Exclude<Tracing, 'off'> } => result.kind === 'keel' && (result.tracing ?? 'off') !== 'off';
+  for (const traced of results.filter(isTraced)) {
     const plain = results.find((result) => result.kind === 'keel' && result.mode === traced.mode && (result.tracing ?? 'off') === 'off' && result.topology === traced.topology && result.queue === traced.queue);
-    if (!plain || traced.tracing === undefined || traced.tracing === 'off') continue;
+    if (!plain) continue;
     for (const concurrency of concurrencies) {
       const sdk = summarize(traced, concurrency);
       const off = summarize(plain, concurrency);
@@ -1663,7 +1664,8 @@ function tracingCosts(results: TargetResult[]): TracingCost[] {
 function tracingLines(costs: TracingCost[]): string[] {
   if (costs.length === 0) return [];
   const lines = [
-    `tracing cost (BENCH_TRACING=${tracingModes.join(',')}): Keel with the OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf to a local sink that discards; every trace recorded, or one in ${fmt(1 / Math.max(tracingRatio, 1e-9), 0)} with sdk-sampled) ÷ Keel without it, same run:`,
+    `tracing cost (BENCH_TRACING=${tracingModes.join(',')}): Keel with the OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf to a local sink that discards; ` +
+      `${tracingModes.includes('sdk-sampled') ? `sdk: every trace recorded, sdk-sampled: a share of ${tracingRatio} of the traces` : 'every trace recorded'}) ÷ Keel without it, same run:`,
   ];
   for (const cost of costs) {
     const rounds = cost.roundRatios.length > 1 ? `; round by round ${cost.roundRatios.map((value) => `${fmt(value, 2)}×`).join(', ')} (median ${fmt(median(cost.roundRatios), 2)}×)` : '';
