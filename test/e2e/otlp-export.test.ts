@@ -2,6 +2,7 @@ import { Task } from '@a2a-js/sdk';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createClient } from '../../src/auth/client-repository.js';
 import { sdkClient, textMessage } from '../support/a2a-client.js';
+import { callA2A, expectA2AResult } from '../support/a2a-wire.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../support/keel-process.js';
 import { startOtlpReceiver, type OtlpReceiver, type ReceivedSpan } from '../support/otlp-receiver.js';
 import { createTestDatabase, type TestDatabase } from '../support/test-database.js';
@@ -114,15 +115,11 @@ describe('traces over OTLP/HTTP', () => {
     const { receiver, client, child } = await startTracedKeel({ OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '0' });
     const ready = await child.waitForLog('keel is ready', 45_000);
     const kept = { traceId: '0af7651916cd43dd8448eb211c80319c', parentId: 'b7ad6b7169203331' };
-    const send = async (text: string, traceparent?: string) => {
-      const response = await fetch(`${String(ready.url).replace(/\/$/, '')}/a2a/echo`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${client.token}`, 'a2a-version': '1.0', 'content-type': 'application/json', ...(traceparent ? { traceparent } : {}) },
-        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'SendMessage', params: { message: { messageId: crypto.randomUUID(), role: 'ROLE_USER', parts: [{ text }] } } }),
-      });
-      const body = (await response.json()) as { result: { task: { id: string; status: { state: string } } } };
-      expect(body.result.task.status.state).toBe('TASK_STATE_COMPLETED');
-      return body.result.task.id;
+    const send = async (text: string, traceparent?: string): Promise<string> => {
+      const message = { messageId: crypto.randomUUID(), role: 'ROLE_USER', parts: [{ text }] };
+      const answer = expectA2AResult('JSONRPC', await callA2A(String(ready.url).replace(/\/$/, ''), 'echo', 'JSONRPC', 'SendMessage', { message }, { token: client.token, headers: traceparent ? { traceparent } : {} }));
+      expect(answer.task.status.state).toBe('TASK_STATE_COMPLETED');
+      return answer.task.id as string;
     };
     // One after the other: each task's writes go in batches of their own.
     const keptTask = await send('keep me', `00-${kept.traceId}-${kept.parentId}-01`);
