@@ -89,6 +89,8 @@ const SCRIPT = `
   var liveUrl = body.getAttribute('data-live-url');
   var liveVersion = body.getAttribute('data-live-version');
   var stamp = document.getElementById('live-stamp');
+  var STALE = 'live \\u00b7 changed since loaded: reload to see';
+  var stale = false;
   function setCount(el, value) {
     var text = value === null || value === undefined ? '\\u2013' : String(value);
     el.setAttribute('data-count', value === null ? '' : String(value));
@@ -113,7 +115,7 @@ const SCRIPT = `
       el.textContent = String(value);
       el.classList.toggle('zero', value === 0);
     });
-    if (stamp) stamp.textContent = 'live \\u00b7 updated ' + new Date().toLocaleTimeString();
+    if (stamp) stamp.textContent = stale ? STALE : 'live \\u00b7 updated ' + new Date().toLocaleTimeString();
   }
   function get(url, then) {
     fetch(url, { credentials: 'same-origin', headers: { accept: 'application/json' }, cache: 'no-store' })
@@ -124,9 +126,22 @@ const SCRIPT = `
       .then(function (data) { if (data) then(data); })
       .catch(function () { if (stamp) stamp.textContent = 'live \\u00b7 connection lost, retrying'; });
   }
+  // A page the operator is working in is not reloaded under their hands: a reload would reset a
+  // field they changed, or cancel the POST of a form they just submitted (the click lost). Once a
+  // form field changes or a form is submitted, a new version is named in the stamp instead.
+  var working = false;
+  function markWorking(event) { if (event.target && event.target.form !== undefined) working = true; }
+  document.addEventListener('input', markWorking, true);
+  document.addEventListener('change', markWorking, true);
+  document.addEventListener('submit', function () { working = true; }, true);
+  function changed() {
+    if (!working) { window.location.reload(); return; }
+    stale = true;
+    if (stamp) stamp.textContent = STALE;
+  }
   function tick() {
     get('/ui/api/counts', apply);
-    if (liveUrl) get(liveUrl, function (data) { if (data.version !== liveVersion) window.location.reload(); });
+    if (liveUrl) get(liveUrl, function (data) { if (data.version !== liveVersion) changed(); });
   }
   setInterval(tick, 1000);
   tick();

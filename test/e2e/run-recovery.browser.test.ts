@@ -21,7 +21,8 @@ import { failNext, recoveryCounters } from '../fixtures/statecharts/recovery-ste
 // RETRY; a failed statechart run's page retries it from a state it passed through, and the run
 // works on to completion without its non-idempotent charge running again; a retry that would run
 // it again is refused on the page; the runs page previews a bulk cancel and a bulk retry (a dry
-// run: no row changes) and confirms them. Screenshots go to test/e2e/screenshots/.
+// run: no row changes) and confirms them. A run page reloads itself when the run changes, but not
+// once the operator changed a field on it or sent a form. Screenshots go to test/e2e/screenshots/.
 
 type DomNode = { getAttribute(name: string): string | null; textContent: string | null };
 type DomList = Iterable<DomNode> & { forEach(callback: (node: DomNode) => void): void };
@@ -140,6 +141,36 @@ describe('operator recovery in the UI', () => {
     expect(await page.locator('#timeline').textContent()).toContain('operator_retried');
     await page.locator('#run-timeline').scrollIntoViewIfNeeded();
     await shot('retried');
+  });
+
+  it('a run page the operator is filling in is not reloaded under them when the run changes: the choice stays, the stamp says it changed, the retry goes through', async () => {
+    const id = await failedRun('page-held', 'notify');
+    await gotoRunPage(id);
+    await page.evaluate(() => Object.assign(globalThis, { loadedOnce: true }));
+    await page.selectOption('#retry-state', 'recording');
+    // The run changes under the page (one more audit row: its live version moves).
+    await keel.context.pool.query(sql.unsafe`
+      INSERT INTO run_events (run_id, sequence, kind) SELECT ${id}, max(sequence) + 1, 'test_marker' FROM run_events WHERE run_id = ${id}`);
+    const stamp = () =>
+      page.evaluate(() => {
+        let text = '';
+        document.querySelectorAll('#live-stamp').forEach((node) => (text = node.textContent ?? ''));
+        return text;
+      });
+    await expect.poll(stamp, { timeout: 15_000 }).toContain('changed since loaded');
+    expect(await page.evaluate(() => (globalThis as { loadedOnce?: boolean }).loadedOnce)).toBe(true);
+    expect(await page.locator('#retry-state').inputValue()).toBe('recording');
+    // The retry the operator chose still goes through.
+    const [answer] = await Promise.all([page.waitForResponse((response) => response.url().endsWith(`/ui/runs/${id}/retry`)), page.click('#retry-button')]);
+    expect(answer.status()).toBe(303);
+    await waitForRunStatus(keel.context.pool, id, ['completed']);
+    expect(recoveryCounters('page-held')).toEqual({ lookups: 1, charges: 1, records: 2, notices: 2 });
+    // A page nobody worked in reloads as before.
+    await gotoRunPage(id);
+    await page.evaluate(() => Object.assign(globalThis, { loadedOnce: true }));
+    await keel.context.pool.query(sql.unsafe`
+      INSERT INTO run_events (run_id, sequence, kind) SELECT ${id}, max(sequence) + 1, 'test_marker' FROM run_events WHERE run_id = ${id}`);
+    await page.waitForFunction(() => (globalThis as { loadedOnce?: boolean }).loadedOnce === undefined, undefined, { timeout: 15_000 });
   });
 
   it('a retry that would run the non-idempotent charge again is refused on the page', async () => {
