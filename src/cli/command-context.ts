@@ -1,7 +1,7 @@
 import type { DatabasePool } from 'slonik';
 import type { KeelConfig } from '../config/load-config.js';
 import type { KeelLogger } from '../log/logger.js';
-import { KeelQueues } from '../queue/keel-queues.js';
+import type { KeelQueues } from '../queue/keel-queues.js';
 import { loadMasterKeys } from '../sealing/master-key-store.js';
 import { MasterKeyRing } from '../sealing/master-key.js';
 import { createSealer, type Sealer } from '../sealing/sealer.js';
@@ -20,7 +20,10 @@ export async function withCommandContext<T>(config: KeelConfig, fn: (context: Co
     if (!keys.ok) {
       throw new CliExit(EXIT.masterKey, keys.reason === 'invalid' ? keys.message : `no master key at ${config.security.masterKeyFile} or in KEEL_MASTER_KEY`);
     }
-    const queues = new KeelQueues(queueBackendFor(config, databaseUrl), logger);
+    // BullMQ (about 200 modules) is loaded by the commands that enqueue, not by every command of
+    // their group: `keel runs list` reads rows and never needs it.
+    const { KeelQueues: Queues } = await import('../queue/keel-queues.js');
+    const queues = new Queues(queueBackendFor(config, databaseUrl), logger);
     try {
       return await fn({ pool, logger, sealer: createSealer(new MasterKeyRing(keys.keys)), queues, config });
     } finally {

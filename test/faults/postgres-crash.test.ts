@@ -159,7 +159,7 @@ async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number,
 function expectRecovered(recovery: Awaited<ReturnType<typeof recoveryOf>>) {
   // The late runs in the message's first line, which is what a CI log's summary keeps.
   const late = recovery.late.map((run) => `${run.agent} ${run.heldAtCrash ? 'held' : 'queued'} ${run.status} ${run.settled_after_ms === null ? 'unsettled' : `${Math.round(run.settled_after_ms)} ms`} requeues ${run.requeue_count}`);
-  expect.soft(recovery.late, `tasks accepted before the crash not completed within ${RECOVERED_BOUND_MS} ms (held at the crash) or ${QUEUED_BOUND_MS} ms (queued) of Postgres's return, besides a scripted agent's own steps: ${late.join('; ')}`).toEqual([]);
+  expect.soft(recovery.late, `tasks accepted before the crash and late after Postgres's return: ${late.join('; ')} (bounds: ${RECOVERED_BOUND_MS} ms held at the crash, ${QUEUED_BOUND_MS} ms queued, besides a scripted agent's own steps)`).toEqual([]);
   expect.soft(recovery.requeued, 'runs requeued (left to their lease instead of written again by their live process)').toEqual([]);
   expect.soft(recovery.backToSubmitted, 'tasks whose journal went back to SUBMITTED after WORKING').toEqual([]);
 }
