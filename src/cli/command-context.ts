@@ -22,8 +22,8 @@ export async function withCommandContext<T>(config: KeelConfig, fn: (context: Co
     }
     // BullMQ (about 200 modules) is loaded by the commands that enqueue, not by every command of
     // their group: `keel runs list` reads rows and never needs it.
-    const { KeelQueues: Queues } = await import('../queue/keel-queues.js');
-    const queues = new Queues(queueBackendFor(config, databaseUrl), logger);
+    const { KeelQueues } = await import('../queue/keel-queues.js');
+    const queues = new KeelQueues(queueBackendFor(config, databaseUrl), logger);
     try {
       return await fn({ pool, logger, sealer: createSealer(new MasterKeyRing(keys.keys)), queues, config });
     } finally {
