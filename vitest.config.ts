@@ -1,10 +1,9 @@
 import { defineConfig } from 'vitest/config';
+import { suiteProjects } from './test/support/suite-plan.js';
 import { SuiteSequencer } from './test/support/suite-sequencer.js';
 
 export default defineConfig({
   test: {
-    // agents/: where `keel new agent` scaffolds an agent and its test in a checkout (it prints `npx vitest run agents/<name>.machine.test.ts`).
-    include: ['test/**/*.test.ts', 'agents/**/*.test.ts'],
     pool: 'forks',
     testTimeout: 60_000,
     hookTimeout: 120_000,
@@ -20,6 +19,9 @@ export default defineConfig({
     isolate: false,
     // Fault files never handed out two at once, the rest filling the time between them.
     sequence: { sequencer: SuiteSequencer },
+    // The suite on Postgres, the queue's files on Redis, interop with runs.directWrites: one run
+    // (test/support/suite-plan.ts; KEEL_TEST_QUEUE=redis runs every file on Redis instead).
+    projects: suiteProjects(process.env),
     reporters: ['default'],
   },
 });

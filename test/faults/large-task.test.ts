@@ -10,10 +10,12 @@ import { createTestDatabase, type TestDatabase } from '../support/test-database.
 import { TEST_POOL_ENV, tempDir } from '../support/test-keel.js';
 import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../support/test-queues.js';
 import { waitFor } from '../support/wait-for.js';
+import { startFakeModel, type FakeModel } from './support/peers.js';
 
 // The large-task scenario of issue 40 (docs/reliability.md, "Large tasks"): Keel as a child
 // process, so its RSS and event loop are its own. Each of three clients has one task whose message
-// is 0.9 MB and whose agent waits before answering with 0.9 MB; while the tasks wait, 300 raw
+// is 0.9 MB and whose agent waits before answering with 0.9 MB (a fake model that answers when the
+// measurements are done, and at the latest after AGENT_DELAY_MS); while the tasks wait, 300 raw
 // connections (100 a client: the per-client open-stream limit is 200) subscribe and never read,
 // and 100 GetTask run at once. Meanwhile /healthz answers within 200 ms at p99 (500 ms at most),
 // Keel's RSS grows by less than 150 MB, and afterwards GetTask of the task takes under 20 ms at
@@ -24,8 +26,12 @@ import { waitFor } from '../support/wait-for.js';
 
 const QUEUE = testQueueKind();
 const MESSAGE_CHARS = 900_000;
-const ANSWER_CHARS = 900_000;
-/** How long the agent waits before it answers: the subscribers attach to a task that is still WORKING. */
+/** The answer echoes the message: 0.9 MB as well. */
+const ANSWER_CHARS = MESSAGE_CHARS;
+/**
+ * How long the agent waits at most before it answers: the subscribers attach to a task that is
+ * still WORKING. The test lets it answer as soon as its measurements are done (20-30 s sooner).
+ */
 const AGENT_DELAY_MS = 45_000;
 const STALL_SECONDS = 3;
 const SUBSCRIBERS_PER_CLIENT = 100;
@@ -35,6 +41,7 @@ const children: KeelProcess[] = [];
 const databases: TestDatabase[] = [];
 const prefixes: string[] = [];
 const sockets: Socket[] = [];
+let model: FakeModel | undefined;
 
 afterAll(async () => {
   for (const socket of sockets) socket.destroy();
@@ -44,6 +51,7 @@ afterAll(async () => {
       await child.exited;
     }
   }
+  await model?.close();
   for (const database of databases) await database.drop().catch(() => undefined);
   if (QUEUE === 'redis') {
     await deleteQueueKeys(prefixes, TEST_REDIS_URL);
@@ -171,12 +179,19 @@ describe('large tasks', () => {
       tokens.push(created.token);
     }
     const cwd = tempDir('keel-large-');
-    const answer = 'b'.repeat(ANSWER_CHARS);
+    // The model answers with the 0.9 MB message it was sent ("echo: aaa…"), once the measurements
+    // below are done (answer()) or AGENT_DELAY_MS has passed.
+    let answer = () => undefined as void;
+    const answered = new Promise<void>((resolve) => {
+      answer = resolve;
+      setTimeout(resolve, AGENT_DELAY_MS).unref();
+    });
+    model = await startFakeModel({ minDelayMs: 0, maxDelayMs: 0, answerAfter: answered });
     // JSON is YAML: the agent waits, then answers with 0.9 MB.
     writeFileSync(
       join(cwd, 'keel.config.yaml'),
       JSON.stringify({
-        providers: { slow: { type: 'scripted', steps: [{ delayMs: AGENT_DELAY_MS, reply: answer }] } },
+        providers: { slow: { type: 'openai', baseUrl: model.baseUrl, model: 'fake', timeoutSeconds: 120 } },
         agents: [{ id: 'large', name: 'Large', description: 'Waits, then answers with 0.9 MB', provider: 'slow', privacy: { answerLevel: 'full' } }],
         a2a: { streams: { stallTimeoutSeconds: STALL_SECONDS } },
       }),
@@ -190,6 +205,9 @@ describe('large tasks', () => {
         KEEL_SERVER_PORT: '0',
         KEEL_DATA_DIR: tempDir('keel-large-data-'),
         KEEL_QUEUE_PREFIX: prefix,
+        // The fake model listens on 127.0.0.1 over plain HTTP, which the address guard refuses by default.
+        KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HOSTS: '127.0.0.1',
+        KEEL_SECURITY_ADDRESS_GUARD_ALLOW_HTTP: 'true',
         ...(QUEUE === 'redis' ? { KEEL_QUEUE_REDIS_URL: TEST_REDIS_URL } : {}),
       }),
     });
@@ -279,6 +297,8 @@ describe('large tasks', () => {
     }
     console.log(`large tasks (${QUEUE}): sequential GetTask of a 0.9 MB task p50=${quantile(timings, 0.5).toFixed(1)} p90=${quantile(timings, 0.9).toFixed(1)} ms; rounds' p50 ${roundMedians.map((median) => median.toFixed(1)).join(', ')} ms`);
     expect.soft(Math.min(...roundMedians)).toBeLessThan(20);
+    // Measured: the agent answers now, and the streams still open end with their tasks.
+    answer();
 
     // The subscribers that stalled were cut off, and once the tasks end every stream has ended:
     // Keel holds none of the 300 connections.
@@ -286,7 +306,11 @@ describe('large tasks', () => {
       const done = await Promise.all(tokens.map(async (token, index) => ((await rpc(base, token, 'GetTask', { id: taskIds[index], historyLength: 0 })).result as { status: { state: string } }).status.state));
       return done.every((state) => state === 'TASK_STATE_COMPLETED');
     }, 'the three tasks to complete', AGENT_DELAY_MS + 30_000);
-    await waitFor(async () => openSockets(pid) <= baselineSockets + 5, `Keel to close the non-reading connections (${openSockets(pid)} sockets open, ${baselineSockets} before)`, (STALL_SECONDS + 10) * 1000);
+    const completed = (await rpc(base, tokens[0]!, 'GetTask', { id: taskIds[0], historyLength: 0 })).result as { artifacts?: unknown[] };
+    expect(JSON.stringify(completed.artifacts ?? []).length, 'the 0.9 MB answer').toBeGreaterThan(ANSWER_CHARS);
+    // An ended stream's connection is kept 5 s for another request (src/a2a/sse.ts), and the test's
+    // own idle connections from the GetTask above close after undici's 4 s: 8-16 s after the answer here.
+    await waitFor(async () => openSockets(pid) <= baselineSockets + 5, `Keel to close the non-reading connections (${openSockets(pid)} sockets open when the wait began, ${baselineSockets} before the load)`, 30_000);
     const metrics = await (await fetch(`${base}/metrics`)).text();
     const cutOffs = [...metrics.matchAll(/^keel_a2a_stream_cutoffs_total\{[^}]*\} (\d+)/gm)].reduce((sum, match) => sum + Number(match[1]), 0);
     console.log(`large tasks (${QUEUE}): ${cutOffs} of ${subscribers.length} non-reading streams cut off, the rest ended with their task`);

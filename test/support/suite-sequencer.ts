@@ -1,7 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { relative, sep } from 'node:path';
 import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node';
-import { testQueueKind, type TestQueueKind } from './test-queues.js';
 
 // The order in which the suite's files are handed to vitest's workers (two on this machine; a
 // free worker takes the next file). The fault files are a third of the suite's time, and each
@@ -21,8 +20,8 @@ import { testQueueKind, type TestQueueKind } from './test-queues.js';
 /** Seconds a file of each folder takes, for files no recorded duration knows. */
 const EXPECTED_SECONDS: Readonly<Record<string, number>> = { faults: 60, e2e: 20, fuzz: 13, integration: 6, interop: 6, unit: 0.5 };
 
-/** Seconds each file took in a whole run of the suite, per queue backend (repository-relative paths). */
-export type FileDurations = Partial<Record<TestQueueKind, Record<string, number>>>;
+/** Seconds each file took in a whole run of the suite, per vitest project (suite-plan.ts; repository-relative paths). */
+export type FileDurations = Partial<Record<string, Record<string, number>>>;
 
 export const FILE_DURATIONS_PATH = new URL('./file-durations.json', import.meta.url);
 
@@ -37,18 +36,23 @@ export function readFileDurations(): FileDurations {
 }
 
 export class SuiteSequencer extends BaseSequencer {
-  private readonly recorded: Readonly<Record<string, number>>;
+  private readonly durations: FileDurations;
 
-  constructor(ctx: Vitest, durations: FileDurations = readFileDurations(), backend: TestQueueKind = testQueueKind()) {
+  constructor(ctx: Vitest, durations: FileDurations = readFileDurations()) {
     super(ctx);
-    this.recorded = durations[backend] ?? {};
+    this.durations = durations;
   }
 
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
     const seconds = new Map(files.map((file) => [file, this.expectedSeconds(file)]));
-    const longestFirst = (a: TestSpecification, b: TestSpecification) => seconds.get(b)! - seconds.get(a)!;
-    const faults = files.filter((file) => folderOf(this.relativePath(file)) === 'faults').sort(longestFirst);
-    const others = files.filter((file) => !faults.includes(file)).sort(longestFirst);
+    // The projects in the order suite-plan.ts lists them, each file longest first: a worker that
+    // takes the next file of the project it just ran keeps its process (vitest reuses a worker only
+    // within a project), so the plan runs the projects' files mostly one project after the other.
+    const rank = new Map(this.ctx.projects.map((project, index) => [project.name, index]));
+    const inOrder = (a: TestSpecification, b: TestSpecification) =>
+      rank.get(a.project.name)! - rank.get(b.project.name)! || seconds.get(b)! - seconds.get(a)!;
+    const faults = files.filter((file) => folderOf(this.relativePath(file)) === 'faults').sort(inOrder);
+    const others = files.filter((file) => !faults.includes(file)).sort(inOrder);
     const workers = Math.max(1, Number(this.ctx.config.maxWorkers) || 1);
     const freeAt = Array.from({ length: workers }, () => 0);
     let faultEndsAt = 0;
@@ -71,12 +75,18 @@ export class SuiteSequencer extends BaseSequencer {
 
   private expectedSeconds(file: TestSpecification): number {
     const path = this.relativePath(file);
-    const recorded = this.recorded[path.split(sep).join('/')];
+    const key = path.split(sep).join('/');
+    const recorded = this.durations[file.project.name]?.[key] ?? this.durations[backendOf(file)]?.[key];
     if (recorded !== undefined) return recorded;
     const last = this.ctx.cache.getFileTestResults(`${file.project.name}:${path}`);
     if (last && last.duration > 0) return last.duration / 1000;
     return EXPECTED_SECONDS[folderOf(path)] ?? 6;
   }
+}
+
+/** The queue backend a file's project runs on: its own environment's, else the run's. */
+function backendOf(file: TestSpecification): string {
+  return file.project.config.env?.KEEL_TEST_QUEUE ?? process.env.KEEL_TEST_QUEUE ?? 'postgres';
 }
 
 /** `test/faults/x.test.ts` → `faults`. */

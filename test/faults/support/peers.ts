@@ -35,8 +35,12 @@ function readBody(request: IncomingMessage): Promise<string> {
 
 export type FakeModel = Closable & { baseUrl: string; calls: () => number };
 
-/** POST /v1/chat/completions → "echo: <last user message>" after minDelayMs..maxDelayMs. */
-export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: number; host?: string }): Promise<FakeModel> {
+/**
+ * POST /v1/chat/completions → "echo: <last user message>" after minDelayMs..maxDelayMs, and not
+ * before `answerAfter` settles when given (a test that measures while its tasks wait ends the wait
+ * when it is done, instead of sleeping through a fixed delay).
+ */
+export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: number; host?: string; answerAfter?: Promise<unknown> }): Promise<FakeModel> {
   let calls = 0;
   const server = createServer((request, response) => {
     void (async () => {
@@ -52,6 +56,7 @@ export async function startFakeModel(options: { minDelayMs: number; maxDelayMs: 
       }
       const delay = options.minDelayMs + Math.random() * (options.maxDelayMs - options.minDelayMs);
       await new Promise((resolve) => setTimeout(resolve, delay));
+      await options.answerAfter;
       if (response.destroyed) return;
       response.writeHead(200, { 'content-type': 'application/json' });
       response.end(

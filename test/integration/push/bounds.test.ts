@@ -108,7 +108,11 @@ describe('bounds per config', () => {
     expect(pending.filter((row) => row.event_state === 'TASK_STATE_COMPLETED')).toHaveLength(1);
     const pendingNonTerminalStatuses = pending.filter((row) => row.kind === 'status' && row.event_state !== 'TASK_STATE_COMPLETED');
     expect(pendingNonTerminalStatuses.length).toBeLessThanOrEqual(1);
-    expect(receiver.requests).toHaveLength(1);
+    // Only the first delivery reached the receiver, answered 401: once, or again when an attempt
+    // outran the suite's 0.5 s push timeout on a loaded machine and was retried (CI, 2026-12-06).
+    const beforeResume = receiver.requests.length;
+    expect(beforeResume).toBeGreaterThanOrEqual(1);
+    expect(new Set(receiver.requests.map((request) => request.deliveryId)).size).toBe(1);
 
     // Resume: what was kept goes out in journal order.
     answer = 200;
@@ -117,7 +121,7 @@ describe('bounds per config', () => {
     const delivered = rows.filter((row) => row.state === 'delivered');
     expect(delivered.map((row) => row.id)).toEqual(pending.map((row) => row.id));
     expect(rows.filter((row) => row.state === 'superseded').map((row) => row.id)).toEqual(superseded.map((row) => row.id));
-    const afterResume = receiver.requests.slice(1);
+    const afterResume = receiver.requests.slice(beforeResume);
     expect(afterResume.map((request) => request.deliveryId)).toEqual(delivered.map((row) => row.id));
     const bySequence = new Map(journal.map((event) => [event.sequence, event.response]));
     expect(afterResume.map((request) => request.body)).toEqual(delivered.map((row) => bySequence.get(row.event_sequence)));

@@ -9,16 +9,27 @@ import { SuiteSequencer, type FileDurations } from '../../support/suite-sequence
 
 const ROOT = '/keel';
 
-/** A sequencer whose vitest remembers `durationsMs`, with `recorded` as the repository's file of durations. */
-function sequencer(durationsMs: Record<string, number>, recorded: FileDurations = {}, backend: 'postgres' | 'redis' = 'postgres'): SuiteSequencer {
+/** The projects of `npm test` (suite-plan.ts), in their order, each with the queue backend its environment names. */
+const PROJECTS = [
+  { name: 'postgres', config: { env: { KEEL_TEST_QUEUE: 'postgres' } } },
+  { name: 'redis', config: { env: { KEEL_TEST_QUEUE: 'redis' } } },
+  { name: 'postgres-direct-writes', config: { env: { KEEL_TEST_QUEUE: 'postgres', KEEL_TEST_DIRECT_WRITES: '1' } } },
+];
+type ProjectName = 'postgres' | 'redis' | 'postgres-direct-writes';
+const project = (name: ProjectName) => PROJECTS.find((entry) => entry.name === name)!;
+
+/** A sequencer whose vitest remembers `durationsMs` (by path, in any project), with `recorded` as the repository's file of durations. */
+function sequencer(durationsMs: Record<string, number>, recorded: FileDurations = {}): SuiteSequencer {
+  const remembered = (key: string) => key.slice(key.indexOf(':') + 1);
   const ctx = {
     config: { root: ROOT, maxWorkers: 2 },
-    cache: { getFileTestResults: (key: string) => (key.slice(1) in durationsMs ? { duration: durationsMs[key.slice(1)]!, failed: false } : undefined) },
+    projects: PROJECTS,
+    cache: { getFileTestResults: (key: string) => (remembered(key) in durationsMs ? { duration: durationsMs[remembered(key)]!, failed: false } : undefined) },
   };
-  return new SuiteSequencer(ctx as unknown as Vitest, recorded, backend);
+  return new SuiteSequencer(ctx as unknown as Vitest, recorded);
 }
 
-const spec = (path: string) => ({ moduleId: join(ROOT, path), project: { name: '' } }) as unknown as TestSpecification;
+const spec = (path: string, name: ProjectName = 'postgres') => ({ moduleId: join(ROOT, path), project: project(name) }) as unknown as TestSpecification;
 
 /** Replays the order on two workers: each file's start and end, in seconds. */
 function replay(order: TestSpecification[], seconds: (path: string) => number) {
@@ -51,7 +62,7 @@ describe('SuiteSequencer', () => {
       // Enough other files to fill the 237 s of fault files beside them.
       ...Object.fromEntries(Array.from({ length: 20 }, (_, index) => [`test/integration/i${index}.test.ts`, 12_000 + index])),
     };
-    const files = Object.keys(durations).map(spec);
+    const files = Object.keys(durations).map((path) => spec(path));
     const order = await sequencer(durations).sort(files);
     expect(new Set(order)).toEqual(new Set(files));
     const schedule = replay(order, (path) => durations[path]! / 1000);
@@ -67,7 +78,7 @@ describe('SuiteSequencer', () => {
       ...Array.from({ length: 6 }, (_, index) => `test/e2e/e${index}.test.ts`),
       ...Array.from({ length: 10 }, (_, index) => `test/unit/u${index}.test.ts`),
     ];
-    const order = await sequencer({}).sort(paths.map(spec));
+    const order = await sequencer({}).sort(paths.map((path) => spec(path)));
     expect(order).toHaveLength(paths.length);
     // Folder estimates: faults 60 s, e2e 20 s, unit 0.5 s. Six e2e files and ten unit files fill
     // the first fault's minute and most of the second's; the third follows the second.
@@ -76,7 +87,7 @@ describe('SuiteSequencer', () => {
     expect(schedule.filter((entry) => entry.path.includes('/faults/')).map((entry) => entry.start)).toEqual([0, 60, 120]);
   });
 
-  it('plans with the recorded durations of its backend first, then what vitest remembers, then the folder estimates', async () => {
+  it('plans with the recorded durations of its project (or its backend) first, then what vitest remembers, then the folder estimates', async () => {
     // A clean clone: vitest remembers nothing. The recorded crash file is long; planned as a
     // folder's 60 s it would start the second fault file while it still runs.
     const recorded: FileDurations = {
@@ -85,7 +96,7 @@ describe('SuiteSequencer', () => {
     };
     const paths = [...Object.keys(recorded.postgres!), 'test/integration/new.test.ts', 'test/e2e/unknown.test.ts'];
     const actual: Record<string, number> = { ...recorded.postgres!, 'test/integration/new.test.ts': 45, 'test/e2e/unknown.test.ts': 20 };
-    const order = await sequencer({ 'test/integration/new.test.ts': 45_000, 'test/faults/crash.test.ts': 30_000 }, recorded).sort(paths.map(spec));
+    const order = await sequencer({ 'test/integration/new.test.ts': 45_000, 'test/faults/crash.test.ts': 30_000 }, recorded).sort(paths.map((path) => spec(path)));
     expect(order).toHaveLength(paths.length);
     const schedule = replay(order, (path) => actual[path]!);
     expect(overlappingFaults(schedule)).toEqual([]);
@@ -94,10 +105,41 @@ describe('SuiteSequencer', () => {
     const others = order.map((file) => file.moduleId.slice(ROOT.length + 1)).filter((path) => !path.includes('/faults/'));
     expect(others[0]).toBe('test/integration/new.test.ts');
     // The same files with the folder estimates only: the two long fault files run at once.
-    const unplanned = replay(await sequencer({}).sort(paths.map(spec)), (path) => actual[path]!);
+    const unplanned = replay(await sequencer({}).sort(paths.map((path) => spec(path))), (path) => actual[path]!);
     expect(overlappingFaults(unplanned)).not.toEqual([]);
-    // A Redis run is planned with the Redis durations: there the other fault file is the long one.
-    const redisOrder = await sequencer({}, recorded, 'redis').sort(paths.map(spec));
+    // The Redis project is planned with the Redis durations: there the other fault file is the long one.
+    const redisOrder = await sequencer({}, recorded).sort(paths.map((path) => spec(path, 'redis')));
     expect(redisOrder[0]!.moduleId).toBe(join(ROOT, 'test/faults/kill.test.ts'));
+    // A project without durations of its own takes its backend's: the direct-writes project runs on Postgres.
+    const directOrder = await sequencer({}, recorded).sort(paths.map((path) => spec(path, 'postgres-direct-writes')));
+    expect(directOrder[0]!.moduleId).toBe(join(ROOT, 'test/faults/crash.test.ts'));
+  });
+
+  it('the three projects of one run: one fault file at a time across all of them, each project\'s files after the one before', async () => {
+    const recorded: FileDurations = {
+      postgres: { 'test/faults/crash.test.ts': 90, 'test/faults/kill.test.ts': 30, ...Object.fromEntries(Array.from({ length: 10 }, (_, index) => [`test/integration/p${index}.test.ts`, 15])) },
+      redis: { 'test/faults/crash.test.ts': 50, ...Object.fromEntries(Array.from({ length: 4 }, (_, index) => [`test/integration/p${index}.test.ts`, 10])) },
+      'postgres-direct-writes': { 'test/faults/kill.test.ts': 25, 'test/interop/tasks.test.ts': 6 },
+    };
+    const files = Object.entries(recorded).flatMap(([name, durations]) => Object.keys(durations!).map((path) => spec(path, name as ProjectName)));
+    const order = await sequencer({}, recorded).sort(files);
+    expect(new Set(order)).toEqual(new Set(files));
+    const seconds = new Map(files.map((file) => [file, recorded[file.project.name]![file.moduleId.slice(ROOT.length + 1)]!]));
+    const freeAt = [0, 0];
+    const schedule = order.map((file) => {
+      const worker = freeAt.indexOf(Math.min(...freeAt));
+      const start = freeAt[worker]!;
+      freeAt[worker] = start + seconds.get(file)!;
+      return { file, start, end: freeAt[worker] };
+    });
+    const faults = schedule.filter((entry) => entry.file.moduleId.includes('/faults/'));
+    expect(faults.flatMap((a) => faults.filter((b) => b !== a && b.start < a.end && a.start < b.end))).toEqual([]);
+    // The fault files and the others each go project by project, longest first within one.
+    const names = (entries: typeof schedule) => entries.map((entry) => `${entry.file.project.name} ${entry.file.moduleId.slice(ROOT.length + 1)}`);
+    expect(names(faults)).toEqual(['postgres test/faults/crash.test.ts', 'postgres test/faults/kill.test.ts', 'redis test/faults/crash.test.ts', 'postgres-direct-writes test/faults/kill.test.ts']);
+    const others = schedule.filter((entry) => !faults.includes(entry));
+    expect(others.map((entry) => entry.file.project.name)).toEqual([...Array(10).fill('postgres'), ...Array(4).fill('redis'), 'postgres-direct-writes']);
+    // Two workers kept busy: the run ends when the work would on two, not after a chain of waits.
+    expect(Math.max(...freeAt)).toBeLessThanOrEqual(Math.ceil([...seconds.values()].reduce((sum, value) => sum + value, 0) / 2) + 25);
   });
 });
