@@ -8,14 +8,17 @@ import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node'
 // crash file took 231 s instead of 150 beside another fault file) and left their timing-bound
 // steps to chance. So the order is planned by simulating the workers: a fault file is handed out
 // only when no other is expected to be running, the other files fill the time in between,
-// longest first.
+// longest first. One plan holds every project of the run (suite-plan.ts: the suite on Postgres,
+// the queue's files on Redis, interop with runs.directWrites), so a fault file of one project
+// never runs beside a fault file of another.
 //
 // The plan is only as good as its durations. CI runs a clean clone, where vitest remembers none:
 // with one estimate per folder, the 230 s Postgres crash file was planned as 60 s and ran beside
-// the next fault file for 78 s (2026-12-02). So each file's duration in the whole suite, per queue
-// backend, is kept in test/support/file-durations.json (`npm run test:durations` after a full
-// run writes it again); vitest's own memory serves a file not in it yet, a folder's estimate one
-// neither knows.
+// the next fault file for 78 s (2026-12-02). So each file's duration in the whole suite, per
+// project, is kept in test/support/file-durations.json (`npm run test:durations` after a full
+// run writes it again from the suite's report, suite-report.ts); a project without durations of
+// its own takes those of its queue backend's project, vitest's own memory serves a file not in it
+// yet, a folder's estimate one neither knows.
 
 /** Seconds a file of each folder takes, for files no recorded duration knows. */
 const EXPECTED_SECONDS: Readonly<Record<string, number>> = { faults: 60, e2e: 20, fuzz: 13, integration: 6, interop: 6, unit: 0.5 };
