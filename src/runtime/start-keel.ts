@@ -294,7 +294,7 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     pushDestinations.gate = pushGate;
     // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,
     // each only checked and deferred by the gate, so a deferral never waits for a held slot.
-    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate), { concurrency: 2 * config.push.concurrency });
+    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate, shutdown.signal), { concurrency: 2 * config.push.concurrency });
     // Two at once: the reaper beside a long sweep (workers/maintenance.ts, decision 0093).
     queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 2 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);

@@ -49,6 +49,13 @@ const RECOVERED_BOUND_MS = 20_000;
  */
 const QUEUED_BOUND_MS = 45_000;
 /**
+ * How long after Postgres's return a push delivery of an event journaled before the crash may take
+ * to end: the job that lost its connection processes it again once the database answers
+ * (workers/push-delivery.ts). Before that, on the Postgres queue backend, a job that failed while
+ * Postgres was away stayed 'active' until BullMQ found it stalled, and its delivery waited 30-50 s.
+ */
+const DELIVERED_BOUND_MS = 20_000;
+/**
  * The lease of a production start (runs.leaseSeconds' default), not the suite's 2 s: these
  * scenarios are about live processes recovering their own runs, and a lease that ran out while
  * Postgres was down would let the reaper requeue them first (the way for a process that died).
@@ -113,6 +120,7 @@ const expectedOfAgent: LoadOptions['expected'] = (agent, text) => (agent === 'ch
 
 const countRow = z.object({ n: z.number() });
 const lateRow = z.object({ id: z.string(), agent: z.string(), status: z.string(), settled_after_ms: z.number().nullable(), requeue_count: z.number() });
+const deliveryEndRow = z.object({ id: z.string(), state: z.string(), attempts: z.number(), ended_after_ms: z.number().nullable() });
 
 /** The runs a process holds (claimed, running) right now: at the crash, those it must write again itself. */
 async function heldRuns(pool: DatabasePool): Promise<ReadonlySet<string>> {
@@ -144,6 +152,11 @@ async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number,
   // machine eats into first.
   const margins = runs.map((run) => ({ id: run.id, agent: run.agent, held: held.has(run.id), marginMs: Math.round(boundOf(run) - (run.settled_after_ms ?? Infinity)) }));
   const closestToBound = margins.reduce<(typeof margins)[number] | null>((closest, run) => (closest === null || run.marginMs < closest.marginMs ? run : closest), null);
+  // The deliveries of events journaled before the crash, pending or not at the crash.
+  const deliveries = await pool.any(sql.type(deliveryEndRow)`
+    SELECT id, state, attempts, extract(epoch FROM ended_at - to_timestamp(${backAt} / 1000.0)) * 1000 AS ended_after_ms
+    FROM push_deliveries WHERE created_at < to_timestamp(${crashedAt} / 1000.0)`);
+  const lateDeliveries = deliveries.filter((delivery) => delivery.state !== 'delivered' || (delivery.ended_after_ms ?? Infinity) > DELIVERED_BOUND_MS);
   return {
     acceptedBeforeCrash: runs.length,
     heldAtCrash: runs.filter((run) => held.has(run.id)).length,
@@ -153,6 +166,9 @@ async function recoveryOf(pool: DatabasePool, crashedAt: number, backAt: number,
     closestToBound,
     requeued: requeued.map((run) => run.id),
     backToSubmitted,
+    deliveriesBeforeCrash: deliveries.length,
+    slowestDeliveryAfterReturnMs: Math.round(Math.max(0, ...deliveries.map((delivery) => delivery.ended_after_ms ?? Infinity))),
+    lateDeliveries,
   };
 }
 
@@ -162,6 +178,8 @@ function expectRecovered(recovery: Awaited<ReturnType<typeof recoveryOf>>) {
   expect.soft(recovery.late, `tasks accepted before the crash and late after Postgres's return: ${late.join('; ')} (bounds: ${RECOVERED_BOUND_MS} ms held at the crash, ${QUEUED_BOUND_MS} ms queued, besides a scripted agent's own steps)`).toEqual([]);
   expect.soft(recovery.requeued, 'runs requeued (left to their lease instead of written again by their live process)').toEqual([]);
   expect.soft(recovery.backToSubmitted, 'tasks whose journal went back to SUBMITTED after WORKING').toEqual([]);
+  const lateDeliveries = recovery.lateDeliveries.map((delivery) => `${delivery.state} after ${delivery.attempts} attempts ${delivery.ended_after_ms === null ? 'not ended' : `${Math.round(delivery.ended_after_ms)} ms`}`);
+  expect.soft(recovery.lateDeliveries, `deliveries of events journaled before the crash, not delivered within ${DELIVERED_BOUND_MS} ms of Postgres's return: ${lateDeliveries.join('; ')}`).toEqual([]);
 }
 const deliveryRow = z.object({ id: z.string(), task_id: z.string(), event_sequence: z.number() });
 const runPath = z.object({ id: z.string(), fast: z.boolean().nullable(), requeue_count: z.number() });
