@@ -18,8 +18,6 @@ import { destinationOf, type DestinationGate } from '../src/push/destination-gat
 import { pushConfigContext } from '../src/push/push-config-repository.js';
 import { deliveryJobId } from '../src/queue/job-ids.js';
 import type { KeelContext } from '../src/context/keel-context.js';
-import { DatabaseReturn } from '../src/db/database-return.js';
-import { isConnectionError } from '../src/db/pool.js';
 import { readJournalEventToSend } from '../src/tasks/journal.js';
 import { EVENT_SEQUENCE_HEADER, stampResponse } from '../src/a2a/sequenced-events.js';
 import { getRunTrace } from '../src/runs/run-repository.js';
@@ -75,23 +73,8 @@ const COMEBACK_GRACE_MS = 5_000;
  */
 const HANDOFF_BUDGET_MS = 2_000;
 
-/** How many times a job processes its delivery again after losing the database, once it answers. */
-const MAX_REPROCESSING = 3;
-
-/**
- * How long a job waits for the database to answer again. Past it the job fails, and the queue's
- * retry or the sweeper brings the delivery; on the Postgres queue backend a job that failed while
- * the database was away stayed 'active' until BullMQ found it stalled (30-60 s after a crash).
- */
-const DATABASE_RETURN_WAIT_MS = 30_000;
-
-/**
- * The push queue's processor. `stopWaiting` is aborted at shutdown: a job waiting for the database
- * to answer again stops waiting and fails.
- */
-export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions, gate: DestinationGate, stopWaiting?: AbortSignal) {
+export function createPushDeliveryProcessor(context: KeelContext, fetch: GuardedFetch, options: DeliveryOptions, gate: DestinationGate) {
   const { pool, sealer, queues, logger } = context;
-  const databaseReturn = new DatabaseReturn(pool);
   /** Each delivery this process deferred: the job that brings it back, and when it is due. */
   const comebacks = new Map<string, { jobId: string; at: number; baseJobId: string }>();
 
@@ -392,26 +375,8 @@ export function createPushDeliveryProcessor(context: KeelContext, fetch: Guarded
     return { outcome, released: released.destination };
   }
 
-  /**
-   * The job's own delivery, processed again once the database answers when its connection was
-   * lost (a crash, a restart, a cut link): everything it read or wrote before is read again, and an
-   * attempt that was counted and sent is found leased (its outcome not written) and comes back
-   * when its lease ends, so nothing is sent twice within a lease.
-   */
-  async function processOnceWritten(deliveryId: string, jobId: string | undefined): Promise<Processed> {
-    for (let again = 0; ; again += 1) {
-      try {
-        return await processDelivery(deliveryId, jobId);
-      } catch (error) {
-        if (!isConnectionError(error) || again >= MAX_REPROCESSING) throw error;
-        logger.warn({ err: error, deliveryId }, 'a delivery lost its database connection; processing it again once the database answers');
-        if (!(await databaseReturn.answers(DATABASE_RETURN_WAIT_MS, stopWaiting))) throw error;
-      }
-    }
-  }
-
   return async (job: Job<{ deliveryId: string }>): Promise<AttemptOutcome | 'skipped' | 'deferred' | 'gone'> => {
-    const first = await processOnceWritten(job.data.deliveryId, job.id);
+    const first = await processDelivery(job.data.deliveryId, job.id);
     // The slot the attempt released goes at once to the delivery deferred longest at its
     // destination: sent by this job while each attempt there is delivered and the budget lasts,
     // else brought by a job of its own (its comeback job, still due, then finds it sent and ends).

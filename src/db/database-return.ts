@@ -1,5 +1,18 @@
 import { sql, type DatabasePool } from 'slonik';
 import { z } from 'zod';
+import { isConnectionError } from './pool.js';
+
+/** How a piece of work that lost its connection is done again (`DatabaseReturn.again`). */
+export type AgainOptions = {
+  /** How long to wait for the database to answer, each time. */
+  withinMs: number;
+  /** How many times the work is done again at most. */
+  times: number;
+  /** Aborted at shutdown: no more waiting, the connection error is thrown. */
+  stop?: AbortSignal;
+  /** Told of each lost connection before the wait (a log line). */
+  onLost?: (error: unknown) => void;
+};
 
 /**
  * Waits for the database to answer again after a lost connection (a crash, a restart, a cut
@@ -28,6 +41,24 @@ export class DatabaseReturn {
       const remaining = deadline - Date.now();
       if (remaining <= 0) return false;
       await new Promise((resolve) => setTimeout(resolve, Math.min(remaining, this.intervalMs)).unref());
+    }
+  }
+
+  /**
+   * `work`, done again once the database answers each time it fails with a lost connection (a
+   * crash, a restart, a cut link), at most `times` times; any other error, or no answer within
+   * `withinMs`, is thrown as it came. Only for work that reads what it needs again and whose
+   * writes are guarded, so that a write that committed unseen is not made twice.
+   */
+  async again<T>(work: () => Promise<T>, options: AgainOptions): Promise<T> {
+    for (let done = 0; ; done += 1) {
+      try {
+        return await work();
+      } catch (error) {
+        if (!isConnectionError(error) || done >= options.times) throw error;
+        options.onLost?.(error);
+        if (!(await this.answers(options.withinMs, options.stop))) throw error;
+      }
     }
   }
 

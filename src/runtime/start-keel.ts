@@ -7,10 +7,12 @@ import type { FastifyInstance } from 'fastify';
 import type { KeelConfig } from '../config/load-config.js';
 import { migrate } from '../db/migrate.js';
 import { probeDatabase } from '../db/pool.js';
+import { DatabaseReturn } from '../db/database-return.js';
 import { buildHttpServer } from '../http/http-server.js';
 import type { KeelLogger } from '../log/logger.js';
 import { KeelQueues } from '../queue/keel-queues.js';
 import { queueBackendFor } from '../queue/queue-backend-for.js';
+import { onceDatabaseAnswers } from '../queue/once-database-answers.js';
 import { prepareSealing } from '../sealing/master-key-store.js';
 import { ensureLocalClient } from '../auth/local-client.js';
 import { createMaintenanceProcessor, scheduleMaintenance } from '../../workers/maintenance.js';
@@ -276,12 +278,15 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
         journaled: async (_runId, end) => enqueueDeliveries(end.write),
       },
     );
-    queues.createWorker('inbox', createInboxReconcileProcessor(context, remotes), { concurrency: 4 });
+    // A job that loses its database connection is processed again once the database answers
+    // (src/queue/once-database-answers.ts); the runs queue's processor does so itself.
+    const again = onceDatabaseAnswers(new DatabaseReturn(database.pool), logger, shutdown.signal);
+    queues.createWorker('inbox', again('inbox', createInboxReconcileProcessor(context, remotes)), { concurrency: 4 });
     const runs = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     const runExecutor = executor;
     runs.on('drained', () => runExecutor.queueDrained());
     runsWorker = runs;
-    queues.createWorker('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries), { concurrency: 4 });
+    queues.createWorker('projector', again('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries)), { concurrency: 4 });
     const delivery = deliveryOptionsFor(config.push, options.pushTestTimings);
     for (const warning of delivery.warnings) logger.warn(warning);
     pushGate = new DestinationGate({
@@ -294,9 +299,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     pushDestinations.gate = pushGate;
     // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,
     // each only checked and deferred by the gate, so a deferral never waits for a held slot.
-    queues.createWorker('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate, shutdown.signal), { concurrency: 2 * config.push.concurrency });
+    queues.createWorker('push', again('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate)), { concurrency: 2 * config.push.concurrency });
     // Two at once: the reaper beside a long sweep (workers/maintenance.ts, decision 0093).
-    queues.createWorker('maintenance', createMaintenanceProcessor(context), { concurrency: 2 });
+    queues.createWorker('maintenance', again('maintenance', createMaintenanceProcessor(context)), { concurrency: 2 });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
 
