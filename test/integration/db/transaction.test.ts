@@ -88,8 +88,10 @@ describe("the pool's transaction()", () => {
     // Two transactions lock the pair's rows in opposite orders; Postgres breaks the deadlock by
     // refusing one (40P01). That one is run again from BEGIN and commits on its next attempt.
     // Each first attempt holds its first row before either asks for its second (a barrier, not a
-    // pause, so a slow machine cannot let one finish alone), and a retry locks in ascending order:
-    // the refused one's retry cannot deadlock a second time with the one still running. Only the
+    // pause, so a slow machine cannot let one finish alone), and a retry locks in the other's
+    // order, so it queues behind the one still running. (In ascending order it could deadlock a
+    // second time: the retry may update the row its refused attempt released before the waiting
+    // transaction, woken by the rollback, takes it, and then wait for the other's row.) Only the
     // first looks for the deadlock soon (deadlock_timeout): when both backends' checks overlap,
     // Postgres can refuse both (a clean-clone CI run saw four attempts), so the second's check is
     // put off beyond the test and the first is the one refused.
@@ -100,7 +102,7 @@ describe("the pool's transaction()", () => {
       db.pool.transaction(async (transaction) => {
         attempts[which] += 1;
         await transaction.query(deadlockCheck[which]);
-        const [one, two] = attempts[which] === 1 ? [a, b] : [Math.min(a, b), Math.max(a, b)];
+        const [one, two] = attempts[which] === 1 ? [a, b] : [b, a];
         await transaction.query(sql.unsafe`UPDATE pair SET n = n + 1 WHERE id = ${one}`);
         if (attempts[which] === 1) {
           firstRowHeld[which].resolve();
