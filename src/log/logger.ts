@@ -1,7 +1,8 @@
+import { createRequire } from 'node:module';
 import { isSpanContextValid, trace } from '@opentelemetry/api';
 import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
+import type { default as prettyFactory, PrettyOptions } from 'pino-pretty';
 import { tracingEnabled } from '../tracing/tracing-switch.js';
-import pretty, { type PrettyOptions } from 'pino-pretty';
 
 export type KeelLogger = Logger<'notice'>;
 
@@ -63,7 +64,17 @@ export function createLogger(options: LoggerOptions<'notice'> = {}, isTTY: boole
   };
   const output = logOutputFor(isTTY);
   if (extras.destination) return pino<'notice'>(settings, extras.destination);
-  return output.format === 'pretty' ? pino<'notice'>(settings, pretty(output.options)) : pino<'notice'>(settings);
+  return output.format === 'pretty' ? pino<'notice'>(settings, prettyStream(output.options)) : pino<'notice'>(settings);
+}
+
+/**
+ * pino-pretty's stream, its module loaded only for a person at a terminal: a process that writes
+ * JSON lines (every server behind a supervisor, the tests' and the fault suite's children) does
+ * not pay for importing it at each start.
+ */
+function prettyStream(options: PrettyOptions): DestinationStream {
+  const build = createRequire(import.meta.url)('pino-pretty') as typeof prettyFactory;
+  return build(options);
 }
 
 export function silentLogger(): KeelLogger {

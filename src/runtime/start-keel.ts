@@ -31,7 +31,7 @@ import { A2AService, streamFlowOf } from '../a2a/a2a-service.js';
 import { TaskRevisionCache } from '../tasks/task-revision-cache.js';
 import { refusedRequestAnswer, registerA2ARoutes } from '../a2a/a2a-routes.js';
 import { hostPort } from '../a2a/agent-card.js';
-import { GrpcServer } from '../a2a/grpc-binding.js';
+import type { GrpcServer } from '../a2a/grpc-binding.js';
 import { ClientAuthenticator } from '../auth/client-authenticator.js';
 import { JournalListener } from '../tasks/journal-listener.js';
 import { RUN_CANCEL_CHANNEL } from '../runs/run-repository.js';
@@ -385,7 +385,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     });
     const authenticator = new ClientAuthenticator(database.pool, { mode: config.auth.mode });
     registerA2ARoutes(http, { service, registry, authenticator, config, logger, limits });
-    if (config.grpc.port !== undefined) grpc = new GrpcServer({ service, registry, authenticator, logger, limits }, { maxMessageBytes: config.server.bodyLimitBytes });
+    // The gRPC binding's modules (grpc-js, the SDK's service definitions: about a tenth of a start's
+    // CPU) are loaded only where it is configured.
+    if (config.grpc.port !== undefined) {
+      const { GrpcServer } = await import('../a2a/grpc-binding.js');
+      grpc = new GrpcServer({ service, registry, authenticator, logger, limits }, { maxMessageBytes: config.server.bodyLimitBytes });
+    }
     registerInboxRoutes(http, { pool: database.pool, sealer: sealing.sealer, queues, config, logger });
   }
   let grpcAddress: string | null = null;

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import { registerMetrics } from '../metrics/keel-metrics.js';
-import { operatorUiPlugin, type OperatorUiDeps } from './ui-routes.js';
+import type { OperatorUiDeps } from './ui-routes.js';
 
 // Everything an operator reaches over HTTP besides A2A: /metrics (every role) and the web UI with
 // the queue dashboard under /ui (the API roles). One call from start-keel.
@@ -16,6 +16,8 @@ export type OperatorSurfaceDeps = OperatorUiDeps & {
 export function registerOperatorSurfaces(http: FastifyInstance, deps: OperatorSurfaceDeps): void {
   registerMetrics(http, { pool: deps.pool, queues: deps.queues, logger: deps.logger, token: deps.config.metrics.token, inProcess: deps.inProcessMetrics ?? [] });
   if (deps.ui) {
-    void http.register(async (scope) => operatorUiPlugin(scope, deps), { prefix: '/ui' });
+    // Its modules (the pages, the statecharts' drawing, bull-board's dashboard) are loaded by the
+    // roles that serve it, not by a worker's start.
+    void http.register(async (scope) => (await import('./ui-routes.js')).operatorUiPlugin(scope, deps), { prefix: '/ui' });
   }
 }

@@ -46,4 +46,15 @@ describe('the log output', () => {
     const entry = JSON.parse(stdout.trim()) as Record<string, unknown>;
     expect(entry).toMatchObject({ level: 35, service: 'keel', runId: 'r-1', msg: 'late settle refused' });
   });
+
+  // pino-pretty is loaded only for a terminal (createLogger's prettyStream): the child runs under a
+  // pseudo-terminal (util-linux's `script`), where its stdout is a TTY.
+  it('written by a child process to a terminal, is pretty lines', () => {
+    const program = `import { createLogger } from './src/log/logger.ts'; createLogger().notice({ runId: 'r-1' }, 'late settle refused');`;
+    const command = [process.execPath, '--import', 'tsx', '--input-type=module', '-e', JSON.stringify(program)].join(' ');
+    const stdout = execFileSync('script', ['-qfec', command, '/dev/null'], { cwd: root, encoding: 'utf8', env: { ...process.env, KEEL_LOG_LEVEL: 'info', NO_COLOR: '1' } });
+    expect(stdout).toMatch(/NOTICE.*late settle refused/);
+    expect(stdout).toContain('runId: "r-1"');
+    expect(stdout).not.toContain('{"level"');
+  });
 });
