@@ -2,7 +2,8 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/', 'dist/', '.keel/', 'coverage/', 'test/e2e/screenshots/'] },
+  // .tmp/ is scratch (gitignored) that tests write while CI lints beside them (.ci/run).
+  { ignores: ['node_modules/', 'dist/', '.keel/', '.tmp/', 'coverage/', 'test/e2e/screenshots/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

@@ -1,8 +1,11 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
 import { Queue, Worker, createPostgresBackend, type Job, type JobsOptions, type Processor } from 'bullmq';
 import { withDeadline, type Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 import { QUEUE_NAMES, type QueueName } from './queue-names.js';
 import { BullmqSchema } from './bullmq-schema.js';
+import { OrphanedJobs } from './orphaned-jobs.js';
 import { QueuePool } from './queue-pool.js';
 
 export type QueueBackend =
@@ -57,6 +60,10 @@ export class KeelQueues {
   private producerPool: QueuePool | undefined;
   private readonly workerPools: QueuePool[] = [];
   private readonly schema = new BullmqSchema();
+  /** Jobs a worker of this process took or finished unseen, handed out again after its errors. */
+  readonly orphanedJobs: OrphanedJobs;
+  /** This process's part of its workers' names: `queue@host:pid:tag`, stored on every job a worker takes. */
+  private readonly workerTag = `${hostname()}:${process.pid}:${randomBytes(3).toString('hex')}`;
 
   /**
    * How long a worker's job lock lasts (renewed while the job runs) and how often stalled jobs are
@@ -70,6 +77,7 @@ export class KeelQueues {
     this.backend = backend;
     this.lockDurationMs = options.lockDurationMs ?? 30_000;
     this.logger = logger.child({ component: 'queues', backend: backend.kind });
+    this.orphanedJobs = new OrphanedJobs(this.logger);
   }
 
   private baseOptions(role: 'producer' | 'worker') {
@@ -124,8 +132,22 @@ export class KeelQueues {
   }
 
   createWorker<D = unknown, R = unknown>(name: QueueName, processor: Processor<D, R>, options: WorkerOptions = {}): Worker<D, R> {
+    // The ids inside the processor, and a name of this worker's own on every job it takes: a job
+    // with that name, in no processor, was lost by this worker (OrphanedJobs).
+    const running = new Set<string>();
+    const workerName = `${name}@${this.workerTag}`;
+    const tracked: Processor<D, R> = async (job, token, signal) => {
+      const id = job.id;
+      if (id !== undefined) running.add(id);
+      try {
+        return await processor(job, token, signal);
+      } finally {
+        if (id !== undefined) running.delete(id);
+      }
+    };
     const workerOptions = {
       ...this.baseOptions('worker'),
+      name: workerName,
       concurrency: options.concurrency ?? 1,
       lockDuration: options.lockDurationMs ?? this.lockDurationMs,
       stalledInterval: options.lockDurationMs ?? this.lockDurationMs,
@@ -136,12 +158,19 @@ export class KeelQueues {
     };
     const worker =
       this.backend.kind === 'postgres'
-        ? (new Worker(name, processor as never, workerOptions as never, createPostgresBackend as never) as unknown as Worker<D, R>)
-        : new Worker<D, R>(name, processor, workerOptions as never);
-    worker.on('error', (error) => this.logger.warn({ err: error, queue: name }, 'worker error'));
+        ? (new Worker(name, tracked as never, workerOptions as never, createPostgresBackend as never) as unknown as Worker<D, R>)
+        : new Worker<D, R>(name, tracked, workerOptions as never);
+    worker.on('error', (error) => {
+      this.logger.warn({ err: error, queue: name }, 'worker error');
+      this.orphanedJobs.suspect();
+    });
+    // A dropped connection's failed calls are retried without an 'error' (BullMQ's "connection
+    // closed"), and one of them may have taken a job unseen.
+    worker.on('ioredis:close', () => this.orphanedJobs.suspect());
     worker.on('failed', (job: Job<D, R> | undefined, error: Error) =>
       this.logger.warn({ err: error, queue: name, jobId: job?.id }, 'job failed'),
     );
+    this.orphanedJobs.watch({ queue: name, name: workerName, running, jobs: () => this.queue(name) });
     this.workers.push(worker as unknown as Worker);
     return worker;
   }
@@ -195,6 +224,7 @@ export class KeelQueues {
   }
 
   async closeWorkers(): Promise<void> {
+    this.orphanedJobs.close();
     await Promise.all(this.workers.map((worker) => worker.close()));
     this.workers.length = 0;
     await Promise.all(this.workerPools.splice(0).map((pool) => pool.end()));

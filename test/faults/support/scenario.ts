@@ -100,5 +100,25 @@ export async function progress(pool: DatabasePool, startedAt: number): Promise<v
   const runs = await pool.any(sql.type(progressRow)`SELECT status, requeue_count AS requeues, count(*)::int AS n FROM runs GROUP BY 1, 2 ORDER BY 1, 2`);
   const deliveries = await pool.oneFirst(sql.type(count)`SELECT count(*)::int AS n FROM push_deliveries WHERE state = 'pending'`);
   const debt = await projectionDebt(pool);
+  if (BACKEND === 'postgres') console.info(`[faults +${Math.round((Date.now() - startedAt) / 1000)}s] jobs ${await queueJobs(pool)}`);
   console.info(`[faults +${Math.round((Date.now() - startedAt) / 1000)}s] runs ${runs.map((row) => `${row.status}/${row.requeues}:${row.n}`).join(' ')} | pending deliveries ${deliveries} | projection debt ${debt}`);
+}
+
+const jobsRow = z.object({ queue: z.string(), state: z.string(), n: z.number(), held: z.array(z.string()).nullable() });
+
+/**
+ * The Postgres queue backend's jobs by queue and state, and the active ones taken over 10 s ago with
+ * their age: a job no processor runs stays active until the stalled-job check (decision 0100).
+ */
+async function queueJobs(pool: DatabasePool): Promise<string> {
+  const rows = await pool
+    .any(
+      sql.type(jobsRow)`
+        SELECT queue, state::text AS state, count(*)::int AS n,
+          array_agg(id || ' ' || ((extract(epoch FROM now()) * 1000)::bigint - processed_at_ms) / 1000 || ' s')
+            FILTER (WHERE state = 'active' AND processed_at_ms < (extract(epoch FROM now()) * 1000)::bigint - 10000) AS held
+        FROM bullmq.job WHERE state IN ('active', 'waiting', 'delayed') GROUP BY 1, 2 ORDER BY 1, 2`,
+    )
+    .catch(() => []);
+  return rows.map((row) => `${row.queue}/${row.state}:${row.n}${row.held ? ` (active over 10 s: ${row.held.join(', ')})` : ''}`).join(' ');
 }

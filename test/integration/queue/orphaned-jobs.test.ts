@@ -1,0 +1,102 @@
+import { createPostgresBackend, Worker, type Job } from 'bullmq';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeelQueues } from '../../../src/queue/keel-queues.js';
+import { silentLogger } from '../../../src/log/logger.js';
+import { createEmptyDatabase } from '../../support/test-database.js';
+import { deleteQueueKeys, testQueueBackend, testQueueKind } from '../../support/test-queues.js';
+import { waitFor } from '../../support/wait-for.js';
+
+// A job a worker took and then lost (the call that took it committed, its answer never came: a
+// crash, a dropped connection) is 'active', locked to that worker, and no processor runs it; only
+// BullMQ's stalled-job check would hand it out again, 30-60 s later. Keel's workers name themselves
+// on every job they take, and after a worker's error the process hands out again the jobs with its
+// worker's name that none of its processors runs (src/queue/orphaned-jobs.ts). On both backends.
+//
+// The lost job is made as it happens: a second BullMQ worker under the Keel worker's name takes it
+// through the backend's own call (`getNextJob`) and never processes it.
+
+const LOCK_MS = 30_000;
+
+let database: { url: string; drop: () => Promise<void> };
+let queues: KeelQueues;
+let keelWorker: Worker;
+let thief: Worker;
+const started: string[] = [];
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+beforeAll(async () => {
+  database = await createEmptyDatabase();
+  queues = new KeelQueues(testQueueBackend(database.url), silentLogger(), { lockDurationMs: LOCK_MS });
+  keelWorker = queues.createWorker('push', async (job: Job<{ slowMs?: number }>) => {
+    started.push(job.id!);
+    if (job.data.slowMs) await sleep(job.data.slowMs);
+  }) as unknown as Worker;
+  await keelWorker.waitUntilReady();
+  const queue = queues.queue('push');
+  // The Keel worker's name, its queue's connection: what the backend records of the worker that takes a job.
+  const options = { ...queue.opts, name: keelWorker.opts.name, autorun: false };
+  thief = testQueueKind() === 'postgres' ? new Worker('push', null, options as never, createPostgresBackend as never) : new Worker('push', null, options as never);
+  await thief.waitUntilReady();
+});
+
+afterAll(async () => {
+  await thief?.close(true).catch(() => undefined);
+  const prefix = queues?.backend.prefix;
+  await queues?.close();
+  if (testQueueKind() === 'redis' && prefix) await deleteQueueKeys([prefix]);
+  await database?.drop();
+});
+
+/** Adds a job while the Keel worker is paused and has the second worker take it under the Keel worker's name. */
+async function loseJob(id: string, name = keelWorker.opts.name): Promise<void> {
+  // Paused once its current jobs ended and its fetch returned: it takes nothing meanwhile.
+  await keelWorker.pause();
+  try {
+    await queues.addJob('push', id, {});
+    thief.opts.name = name;
+    const taken = await thief.getNextJob(`lost-${id}`, { block: false });
+    expect(taken?.id).toBe(id);
+  } finally {
+    keelWorker.resume();
+  }
+}
+
+const stateOf = async (id: string) => (await queues.queue('push').getJob(id))?.getState() ?? 'removed';
+
+describe(`jobs a worker lost are handed out again (${testQueueKind()} backend)`, () => {
+  it('a job taken under the worker’s name that no processor runs goes back to waiting and is processed, long before its lock ends', async () => {
+    await loseJob('lost-1');
+    // Taken more than a second ago: not one on its way into a processor.
+    await sleep(2_200);
+    expect(await stateOf('lost-1')).toBe('active');
+    expect(started).not.toContain('lost-1');
+
+    const lookedAt = Date.now();
+    expect(await queues.orphanedJobs.look()).toBe(true);
+    await waitFor(async () => started.includes('lost-1'), 'the lost job processed', 10_000);
+    expect(Date.now() - lookedAt).toBeLessThan(LOCK_MS / 3);
+    await waitFor(async () => (await stateOf('lost-1')) === 'removed', 'the lost job completed (and removed)', 10_000);
+  });
+
+  it("a job another worker took is left to that worker, and a job inside the worker's processor is not handed out twice", async () => {
+    await loseJob('other-1', 'push@another-host:1:abcdef');
+    await queues.addJob('push', 'slow-1', { slowMs: 4_000 });
+    await waitFor(async () => started.includes('slow-1'), 'the slow job started', 10_000);
+    await sleep(2_500);
+    expect(await queues.orphanedJobs.look()).toBe(true);
+    await waitFor(async () => (await stateOf('slow-1')) === 'removed', 'the slow job completed', 10_000);
+    expect(started.filter((id) => id === 'slow-1')).toHaveLength(1);
+    expect(await stateOf('other-1')).toBe('active');
+    expect(started).not.toContain('other-1');
+  });
+
+  it("after a worker's error the process looks by itself, within seconds", async () => {
+    await loseJob('lost-2');
+    const erredAt = Date.now();
+    // What the worker's 'error' listener does: a failed call may have taken a job unseen.
+    keelWorker.emit('error', new Error('Connection terminated unexpectedly'));
+    await waitFor(async () => started.includes('lost-2'), 'the lost job processed after the error', 15_000);
+    // The look comes 2 s after the error, and the job must have been taken 2 s before it.
+    expect(Date.now() - erredAt).toBeLessThan(LOCK_MS / 3);
+  });
+});
