@@ -5,7 +5,7 @@ import { withDeadline, type Probe } from '../health/probe.js';
 import type { KeelLogger } from '../log/logger.js';
 import { QUEUE_NAMES, type QueueName } from './queue-names.js';
 import { BullmqSchema } from './bullmq-schema.js';
-import { OrphanedJobs } from './orphaned-jobs.js';
+import { holdJobs, OrphanedJobs } from './orphaned-jobs.js';
 import { QueuePool } from './queue-pool.js';
 
 export type QueueBackend =
@@ -15,7 +15,15 @@ export type QueueBackend =
 /** The idle time before TCP keepalive probes on the Redis connections (see baseOptions). */
 const REDIS_KEEPALIVE_MS = 10_000;
 
-export type WorkerOptions = { concurrency?: number; lockDurationMs?: number };
+export type WorkerOptions = {
+  concurrency?: number;
+  lockDurationMs?: number;
+  /**
+   * Put the worker's lost jobs back to waiting after its errors (OrphanedJobs, decision 0100): only
+   * for a processor whose job is a wake-up that a second processing finds done.
+   */
+  returnLostJobs?: boolean;
+};
 
 /** Job states in which the job will still run; anything else means the debt needs a new job. */
 const PENDING_STATES = new Set(['waiting', 'delayed', 'active', 'prioritized', 'waiting-children']);
@@ -132,19 +140,9 @@ export class KeelQueues {
   }
 
   createWorker<D = unknown, R = unknown>(name: QueueName, processor: Processor<D, R>, options: WorkerOptions = {}): Worker<D, R> {
-    // The ids inside the processor, and a name of this worker's own on every job it takes: a job
-    // with that name, in no processor, was lost by this worker (OrphanedJobs).
-    const running = new Set<string>();
+    // A name of this worker's own on every job it takes (the dashboard shows it): with
+    // `returnLostJobs`, a job with that name that the worker does not hold was lost by it.
     const workerName = `${name}@${this.workerTag}`;
-    const tracked: Processor<D, R> = async (job, token, signal) => {
-      const id = job.id;
-      if (id !== undefined) running.add(id);
-      try {
-        return await processor(job, token, signal);
-      } finally {
-        if (id !== undefined) running.delete(id);
-      }
-    };
     const workerOptions = {
       ...this.baseOptions('worker'),
       name: workerName,
@@ -158,8 +156,8 @@ export class KeelQueues {
     };
     const worker =
       this.backend.kind === 'postgres'
-        ? (new Worker(name, tracked as never, workerOptions as never, createPostgresBackend as never) as unknown as Worker<D, R>)
-        : new Worker<D, R>(name, tracked, workerOptions as never);
+        ? (new Worker(name, processor as never, workerOptions as never, createPostgresBackend as never) as unknown as Worker<D, R>)
+        : new Worker<D, R>(name, processor, workerOptions as never);
     worker.on('error', (error) => {
       this.logger.warn({ err: error, queue: name }, 'worker error');
       this.orphanedJobs.suspect();
@@ -170,7 +168,9 @@ export class KeelQueues {
     worker.on('failed', (job: Job<D, R> | undefined, error: Error) =>
       this.logger.warn({ err: error, queue: name, jobId: job?.id }, 'job failed'),
     );
-    this.orphanedJobs.watch({ queue: name, name: workerName, running, jobs: () => this.queue(name) });
+    if (options.returnLostJobs) {
+      this.orphanedJobs.watch({ queue: name, name: workerName, held: holdJobs(worker as unknown as Worker), jobs: () => this.queue(name) });
+    }
     this.workers.push(worker as unknown as Worker);
     return worker;
   }
@@ -224,7 +224,7 @@ export class KeelQueues {
   }
 
   async closeWorkers(): Promise<void> {
-    this.orphanedJobs.close();
+    this.orphanedJobs.forgetWorkers();
     await Promise.all(this.workers.map((worker) => worker.close()));
     this.workers.length = 0;
     await Promise.all(this.workerPools.splice(0).map((pool) => pool.end()));

@@ -281,12 +281,12 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     // A job that loses its database connection is processed again once the database answers
     // (src/queue/once-database-answers.ts); the runs queue's processor does so itself.
     const again = onceDatabaseAnswers(new DatabaseReturn(database.pool), logger, shutdown.signal);
-    queues.createWorker('inbox', again('inbox', createInboxReconcileProcessor(context, remotes)), { concurrency: 4 });
+    queues.createWorker('inbox', again('inbox', createInboxReconcileProcessor(context, remotes)), { concurrency: 4, returnLostJobs: true });
     const runs = queues.createWorker('runs', executor.processor, { concurrency: config.runs.concurrency });
     const runExecutor = executor;
     runs.on('drained', () => runExecutor.queueDrained());
     runsWorker = runs;
-    queues.createWorker('projector', again('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries)), { concurrency: 4 });
+    queues.createWorker('projector', again('projector', createProjectorProcessor(context, projectionOptions, enqueueDeliveries)), { concurrency: 4, returnLostJobs: true });
     const delivery = deliveryOptionsFor(config.push, options.pushTestTimings);
     for (const warning of delivery.warnings) logger.warn(warning);
     pushGate = new DestinationGate({
@@ -299,9 +299,9 @@ export async function startKeel(config: KeelConfig, logger: KeelLogger, options:
     pushDestinations.gate = pushGate;
     // push.concurrency requests at most (the gate's slots); as many jobs again may run beside them,
     // each only checked and deferred by the gate, so a deferral never waits for a held slot.
-    queues.createWorker('push', again('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate)), { concurrency: 2 * config.push.concurrency });
+    queues.createWorker('push', again('push', createPushDeliveryProcessor(context, fetch, delivery.options, pushGate)), { concurrency: 2 * config.push.concurrency, returnLostJobs: true });
     // Two at once: the reaper beside a long sweep (workers/maintenance.ts, decision 0093).
-    queues.createWorker('maintenance', again('maintenance', createMaintenanceProcessor(context)), { concurrency: 2 });
+    queues.createWorker('maintenance', again('maintenance', createMaintenanceProcessor(context)), { concurrency: 2, returnLostJobs: true });
     await scheduleMaintenance(context, options.sweepEveryMs ?? config.maintenance.sweepSeconds * 1000);
   }
 
