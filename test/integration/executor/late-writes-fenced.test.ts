@@ -61,8 +61,19 @@ const policy = { maxRequeues: 3, requeueBaseMs: 0, requeueMaxMs: 0 };
  */
 async function expireAndReap(runId: string): Promise<'requeued' | 'dead_lettered'> {
   await keel.context.pool.query(sql.unsafe`UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = ${runId} AND status = 'running'`);
-  await reapExpiredLeases(keel.context, policy);
-  const run = (await getRun(keel.context.pool, runId))!;
+  // The reaper skips a run whose row a write holds at that moment (SKIP LOCKED: the drive writes
+  // its steps), and takes it at its next sweep: so does this, until the reaper has taken it.
+  const run = await waitFor(
+    async () => {
+      await reapExpiredLeases(keel.context, policy);
+      const row = (await getRun(keel.context.pool, runId))!;
+      // Requeued, it may already run again under a new claim.
+      return row.status === 'running' && row.requeue_count === 0 ? undefined : row;
+    },
+    'the reaper to take the run',
+    10_000,
+    100,
+  );
   if (run.requeue_count === 1) return 'requeued';
   return run.termination_reason === 'retries_exhausted' ? 'dead_lettered' : (run.status as never);
 }
