@@ -104,7 +104,7 @@ export async function progress(pool: DatabasePool, startedAt: number): Promise<v
   console.info(`[faults +${Math.round((Date.now() - startedAt) / 1000)}s] runs ${runs.map((row) => `${row.status}/${row.requeues}:${row.n}`).join(' ')} | pending deliveries ${deliveries} | projection debt ${debt}`);
 }
 
-const jobsRow = z.object({ queue: z.string(), state: z.string(), n: z.number(), held: z.array(z.string()).nullable() });
+const jobsRow = z.object({ queue: z.string(), state: z.string(), n: z.number(), long_active: z.array(z.string()).nullable() });
 
 /**
  * The Postgres queue backend's jobs by queue and state, and the active ones taken over 10 s ago with
@@ -116,9 +116,9 @@ async function queueJobs(pool: DatabasePool): Promise<string> {
       sql.type(jobsRow)`
         SELECT queue, state::text AS state, count(*)::int AS n,
           array_agg(id || ' ' || ((extract(epoch FROM now()) * 1000)::bigint - processed_at_ms) / 1000 || ' s')
-            FILTER (WHERE state = 'active' AND processed_at_ms < (extract(epoch FROM now()) * 1000)::bigint - 10000) AS held
+            FILTER (WHERE state = 'active' AND processed_at_ms < (extract(epoch FROM now()) * 1000)::bigint - 10000) AS long_active
         FROM bullmq.job WHERE state IN ('active', 'waiting', 'delayed') GROUP BY 1, 2 ORDER BY 1, 2`,
     )
     .catch(() => []);
-  return rows.map((row) => `${row.queue}/${row.state}:${row.n}${row.held ? ` (active over 10 s: ${row.held.join(', ')})` : ''}`).join(' ');
+  return rows.map((row) => `${row.queue}/${row.state}:${row.n}${row.long_active ? ` (active over 10 s: ${row.long_active.join(', ')})` : ''}`).join(' ');
 }
