@@ -14,7 +14,7 @@ import type { Reporter, SerializedError, TestModule, Vitest } from 'vitest/node'
 export const SUITE_RESULTS_FILE = '.tmp/test-results.json';
 
 export type SuiteResults = {
-  /** Per project (suite-plan.ts), each file's seconds from its start to its end, by repository-relative path. */
+  /** Per project (suite-plan.ts), each file's seconds from its start to its end (less a fault file's wait for its slot), by repository-relative path. */
   projects: Record<string, Record<string, number>>;
   passed: number;
   failed: number;
@@ -36,8 +36,11 @@ export default class SuiteReport implements Reporter {
       const project = module.project.name;
       const path = module.relativeModuleId;
       const diagnostic = module.diagnostic();
-      const seconds = diagnostic.environmentSetupDuration + diagnostic.prepareDuration + diagnostic.collectDuration + diagnostic.setupDuration + diagnostic.duration;
-      (results.projects[project] ??= {})[path] = Math.round(seconds / 100) / 10;
+      // A fault file's wait for the fault slot (test/faults/support/fault-slot.ts) is another
+      // file's time, not its own: the plan made from these durations must not count it twice.
+      const waited = module.meta().faultSlotWaitMs ?? 0;
+      const ms = diagnostic.environmentSetupDuration + diagnostic.prepareDuration + diagnostic.collectDuration + diagnostic.setupDuration + diagnostic.duration - waited;
+      (results.projects[project] ??= {})[path] = Math.round(ms / 100) / 10;
       let failedTests = 0;
       for (const test of module.children.allTests()) {
         const result = test.result();

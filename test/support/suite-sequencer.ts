@@ -10,9 +10,12 @@ import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node'
 // only when no other is expected to be running, the other files fill the time in between,
 // longest first. One plan holds every project of the run (suite-plan.ts: the suite on Postgres,
 // the queue's files on Redis, interop with runs.directWrites), so a fault file of one project
-// never runs beside a fault file of another.
+// is not planned beside a fault file of another. The plan orders; it does not hold a file back:
+// what keeps a fault file from starting beside one that overran its duration is the fault slot
+// each holds (test/faults/support/fault-slot.ts, decision 0101), and a plan close to the real
+// durations keeps the workers from waiting for it.
 //
-// The plan is only as good as its durations. CI runs a clean clone, where vitest remembers none:
+// So the plan is only as good as its durations. CI runs a clean clone, where vitest remembers none:
 // with one estimate per folder, the 230 s Postgres crash file was planned as 60 s and ran beside
 // the next fault file for 78 s (2026-12-02). So each file's duration in the whole suite, per
 // project, is kept in test/support/file-durations.json (`npm run test:durations` after a full

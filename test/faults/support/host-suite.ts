@@ -1,4 +1,5 @@
 import { afterAll, beforeAll } from 'vitest';
+import { useFaultSlot } from './fault-slot.js';
 import { HostPostgres } from './host-postgres.js';
 import { HostRedis } from './host-redis.js';
 import { BACKEND, Installation, type KeelNode } from './installation.js';
@@ -49,6 +50,7 @@ export function useHostSuite(options: HostSuiteOptions): HostSuite {
   let receiver: PushReceiver | null = null;
   const installations: Installation[] = [];
 
+  useFaultSlot();
   beforeAll(async () => {
     if (options.skip || HOSTS_UNAVAILABLE) return;
     network = TestNetwork.create();

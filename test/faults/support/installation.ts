@@ -250,7 +250,11 @@ export class Installation {
   }
 
   async dispose(): Promise<void> {
-    await Promise.all(this.nodes.map((node) => node.stop(10_000).catch(() => undefined)));
+    // A node that stops cleanly takes about 100 ms. One that was cut off from Postgres and healed
+    // waits for its old connections' TCP retransmissions (backed off during the cut) to meet the
+    // server's reset, 7-14 s; the scenario is over and its shutdown is not what it tests
+    // (graceful shutdown is streams-across-processes.test.ts's), so it is killed after 3 s.
+    await Promise.all(this.nodes.map((node) => node.stop(3_000).catch(() => undefined)));
     const dirs = new Set([this.dataDir, ...this.nodes.map((node) => node.dataDir)]);
     if (this.poolPromise) await (await this.poolPromise).end().catch(() => undefined);
     if (this.embedded) {

@@ -1,0 +1,47 @@
+import pg from 'pg';
+import { afterAll, beforeAll } from 'vitest';
+import { ADMIN_URL } from '../../support/test-database.js';
+
+// One fault file at a time, across the run's vitest workers (decision 0101). The sequencer
+// (test/support/suite-sequencer.ts) plans the fault files one after another, but a plan is only an
+// order: a file that runs longer than its recorded duration leaves the next fault file to start
+// beside it, and two fault files at once slowed both by half and left their timing-bound steps to
+// chance. So a fault file holds the fault slot, a session-level advisory lock on the machine's
+// Postgres, from before its first hook until after its last. A file that finds the slot taken
+// waits (its worker idle, the other workers running the other files); a worker that dies closes
+// its session, and the slot with it.
+
+/** The advisory lock's key: any constant the suite uses for nothing else. */
+const FAULT_SLOT_KEY = 7_043_101;
+
+/** A fault file may wait through the longest fault file (about 80 s) and more on a slow machine. */
+const WAIT_TIMEOUT_MS = 10 * 60_000;
+
+declare module 'vitest' {
+  interface TaskMeta {
+    /** Milliseconds the file waited for the fault slot: the suite's report leaves them out of its duration. */
+    faultSlotWaitMs?: number;
+  }
+}
+
+/** Registers the hooks that hold the fault slot for the whole file; call it before the file's other hooks. */
+export function useFaultSlot(): void {
+  let session: pg.Client | null = null;
+
+  // vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
+  // eslint-disable-next-line no-empty-pattern
+  beforeAll(async ({}, suite) => {
+    const waitStarted = Date.now();
+    const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
+    await client.connect();
+    await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
+    session = client;
+    suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
+  }, WAIT_TIMEOUT_MS);
+
+  afterAll(async () => {
+    // Closing the session releases its advisory locks.
+    await session?.end();
+    session = null;
+  });
+}
