@@ -14,7 +14,7 @@ import { ADMIN_URL } from '../../support/test-database.js';
 /** The advisory lock's key: any constant the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
 
-/** A fault file may wait through the longest fault file (about 80 s) and more on a slow machine. */
+/** A fault file may wait through the longest fault file (60-110 s here) and more on a slow machine. */
 const WAIT_TIMEOUT_MS = 10 * 60_000;
 
 declare module 'vitest' {
