@@ -9,7 +9,8 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // chance. So a fault file holds the fault slot, a session-level advisory lock on the machine's
 // Postgres, from before its first hook until after its last. A file that finds the slot taken
 // waits (its worker idle, the other workers running the other files); a worker that dies closes
-// its session, and the slot with it.
+// its session, and the slot with it. The slot is the machine's, not the run's: a fault file run by
+// hand while the suite runs waits for the suite's, and the other way round.
 
 /** The advisory lock's key: any constant the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
@@ -33,6 +34,9 @@ export function useFaultSlot(): void {
   beforeAll(async ({}, suite) => {
     const waitStarted = Date.now();
     const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
+    // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
+    // on without it rather than failing on an unheard 'error'.
+    client.on('error', () => undefined);
     await client.connect();
     await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
     session = client;
@@ -41,7 +45,7 @@ export function useFaultSlot(): void {
 
   afterAll(async () => {
     // Closing the session releases its advisory locks.
-    await session?.end();
+    await session?.end().catch(() => undefined);
     session = null;
   });
 }
