@@ -13,6 +13,8 @@ export default defineConfig({
     // spend their time waiting on child processes, databases and timers, not on the CPU. Three
     // were measured too (decision 0101): faster only where fault files ran two at once.
     maxWorkers: 2,
+    // Fault files (test/faults/) hold a slot of their own, one at a time (decision 0101).
+    setupFiles: ['./test/faults/support/fault-slot.ts'],
     // Each worker runs its files one after another in one process, loading Keel's modules once
     // instead of once per file: the integration files took 259 s of CPU isolated and 93 s
     // shared. A file therefore leaves the process as it found it: it disposes what it starts and

@@ -7,7 +7,6 @@ import { startTestKeel, type TestKeel } from '../support/test-keel.js';
 import { waitFor } from '../support/wait-for.js';
 import { createClient } from '../../src/auth/client-repository.js';
 import { PUSH_TEST_OVERRIDES } from '../integration/push/push-support.js';
-import { useFaultSlot } from './support/fault-slot.js';
 
 // Fair run slots (docs/reliability.md, "Fair run slots"; decision 0062). A heavy client floods
 // Keel with 1,000 tasks while a light client sends blocking SendMessage calls one at a time: the
@@ -83,8 +82,6 @@ async function metric(series: string): Promise<number> {
   return line ? Number(line.slice(series.length + 1)) : Number.NaN;
 }
 
-// Its latency ratio wants the machine without another fault file's load.
-useFaultSlot();
 beforeAll(async () => {
   keel = await startTestKeel({
     overrides: { ...PUSH_TEST_OVERRIDES, KEEL_PROVIDERS: providers, KEEL_AGENTS: agents, KEEL_RUNS_CONCURRENCY: String(SLOTS), KEEL_MAINTENANCE_SWEEP_SECONDS: '600' },

@@ -8,7 +8,6 @@ import { createClient } from '../../src/auth/client-repository.js';
 import { cleanEnv, spawnKeel, type KeelProcess } from '../support/keel-process.js';
 import { createTestDatabase, type TestDatabase } from '../support/test-database.js';
 import { TEST_POOL_ENV, tempDir } from '../support/test-keel.js';
-import { useFaultSlot } from './support/fault-slot.js';
 import { deleteQueueKeys, TEST_REDIS_URL, testQueueKind, testQueuePrefix } from '../support/test-queues.js';
 import { waitFor } from '../support/wait-for.js';
 import { startFakeModel, type FakeModel } from './support/peers.js';
@@ -37,8 +36,6 @@ const AGENT_DELAY_MS = 45_000;
 const STALL_SECONDS = 3;
 const SUBSCRIBERS_PER_CLIENT = 100;
 const GET_TASKS = 100;
-
-useFaultSlot();
 
 const children: KeelProcess[] = [];
 const databases: TestDatabase[] = [];

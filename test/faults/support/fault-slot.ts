@@ -1,3 +1,4 @@
+import { sep } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
 import { ADMIN_URL } from '../../support/test-database.js';
@@ -11,6 +12,9 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // waits (its worker idle, the other workers running the other files); a worker that dies closes
 // its session, and the slot with it. The slot is the machine's, not the run's: a fault file run by
 // hand while the suite runs waits for the suite's, and the other way round.
+//
+// This module is a setup file of every project (vitest.config.ts), so its hooks come before each
+// file's own; a fault file is what the sequencer plans as one: a file under test/faults/.
 
 /** The advisory lock's key: any constant the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
@@ -25,27 +29,25 @@ declare module 'vitest' {
   }
 }
 
-/** Registers the hooks that hold the fault slot for the whole file; call it before the file's other hooks. */
-export function useFaultSlot(): void {
-  let session: pg.Client | null = null;
+let session: pg.Client | null = null;
 
-  // vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
-  // eslint-disable-next-line no-empty-pattern
-  beforeAll(async ({}, suite) => {
-    const waitStarted = Date.now();
-    const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
-    // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
-    // on without it rather than failing on an unheard 'error'.
-    client.on('error', () => undefined);
-    await client.connect();
-    await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
-    session = client;
-    suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
-  }, WAIT_TIMEOUT_MS);
+// vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
+// eslint-disable-next-line no-empty-pattern
+beforeAll(async ({}, suite) => {
+  if (!suite.file.filepath.includes(`${sep}test${sep}faults${sep}`)) return;
+  const waitStarted = Date.now();
+  const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
+  // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
+  // on without it rather than failing on an unheard 'error'.
+  client.on('error', () => undefined);
+  await client.connect();
+  await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
+  session = client;
+  suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
+}, WAIT_TIMEOUT_MS);
 
-  afterAll(async () => {
-    // Closing the session releases its advisory locks.
-    await session?.end().catch(() => undefined);
-    session = null;
-  });
-}
+afterAll(async () => {
+  // Closing the session releases its advisory locks.
+  await session?.end().catch(() => undefined);
+  session = null;
+});

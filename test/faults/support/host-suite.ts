@@ -1,5 +1,4 @@
 import { afterAll, beforeAll } from 'vitest';
-import { useFaultSlot } from './fault-slot.js';
 import { HostPostgres } from './host-postgres.js';
 import { HostRedis } from './host-redis.js';
 import { BACKEND, Installation, type KeelNode } from './installation.js';
@@ -50,7 +49,6 @@ export function useHostSuite(options: HostSuiteOptions): HostSuite {
   let receiver: PushReceiver | null = null;
   const installations: Installation[] = [];
 
-  useFaultSlot();
   beforeAll(async () => {
     if (options.skip || HOSTS_UNAVAILABLE) return;
     network = TestNetwork.create();

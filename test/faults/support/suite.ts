@@ -1,6 +1,5 @@
 import { afterAll, beforeAll } from 'vitest';
 import type { PushTestTimings } from '../../../src/push/delivery-options.js';
-import { useFaultSlot } from './fault-slot.js';
 import { BACKEND, Installation } from './installation.js';
 import { startFakeModel, startPushReceiver, type FakeModel, type PushReceiver, type ReceiverAction } from './peers.js';
 import { startPrivatePostgres, startPrivateRedis, type PrivatePostgres, type PrivateRedis } from './services.js';
@@ -53,7 +52,6 @@ export function useFaultSuite(options: FaultSuiteOptions): FaultSuite {
   const redises: PrivateRedis[] = [];
   const installations: Installation[] = [];
 
-  useFaultSlot();
   beforeAll(async () => {
     if (options.skip) return;
     if (options.postgres !== 'embedded') postgres = await startPrivatePostgres();
