@@ -57,7 +57,7 @@ export function holdJobs(worker: Worker): ReadonlySet<string> {
  * 30-60 s after the database came back, with the push deliveries behind it.
  *
  * After a worker's error, this looks at the worker's active jobs until a look succeeds (the backend
- * answers again). A job goes back to waiting when its worker took it before the error and more than
+ * answers again). A job goes back to waiting when its worker took it before the latest error and more than
  * `TAKEN_BEFORE_MS` ago, does not hold it (`holdJobs`), and a fresh read just before the move still
  * shows that take: a job finished and taken again since the list was read is its new take's.
  * Only for workers whose job is a wake-up that a second processing finds done (`returnLostJobs`):
@@ -68,7 +68,11 @@ export function holdJobs(worker: Worker): ReadonlySet<string> {
 export class OrphanedJobs {
   private watched: WatchedWorker[] = [];
   private timer: NodeJS.Timeout | null = null;
-  /** When the first error since the last look that read every worker's jobs came. */
+  /**
+   * When the latest error since the last look that read every worker's jobs came: a job lost to
+   * any of them was taken before it. (The first error's time left out a job lost to a later one
+   * before the look: a paused Redis worker's closed connection, then the call that lost the job.)
+   */
   private suspectedAt: number | null = null;
   private looking: Promise<boolean> | null = null;
 
@@ -81,7 +85,7 @@ export class OrphanedJobs {
   /** A worker's call to the backend failed: one of its jobs may have been taken or finished unseen. */
   suspect(): void {
     if (this.watched.length === 0) return;
-    this.suspectedAt ??= Date.now();
+    this.suspectedAt = Date.now();
     if (this.timer) return;
     this.timer = setTimeout(() => void this.look(), LOOK_AFTER_MS);
     this.timer.unref();
@@ -104,7 +108,7 @@ export class OrphanedJobs {
   }
 
   private async lookOnce(): Promise<boolean> {
-    // Jobs taken before the first error and more than a moment before this look.
+    // Jobs taken before the latest error and more than a moment before this look.
     const takenBefore = Math.min(this.suspectedAt ?? Date.now(), Date.now() - TAKEN_BEFORE_MS);
     this.suspectedAt = null;
     try {
@@ -112,7 +116,7 @@ export class OrphanedJobs {
       return true;
     } catch (error) {
       this.logger.debug({ err: error }, 'cannot look for lost jobs yet; looking again shortly');
-      this.suspectedAt = Math.min(this.suspectedAt ?? takenBefore, takenBefore);
+      // The failed look is an error too: the next look takes what was taken before it.
       this.suspect();
       return false;
     }

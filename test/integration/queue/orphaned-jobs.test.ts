@@ -126,4 +126,16 @@ describe(`jobs a worker lost are handed out again (${testQueueKind()} backend)`,
     // The look comes 2 s after the error, and the job must have been taken 2 s before it.
     expect(Date.now() - erredAt).toBeLessThan(LOCK_MS / 3);
   });
+
+  // What a first version got wrong (a CI run, Redis backend): the look took only jobs taken before
+  // the first error since the last look, so a job lost to a later error before that look (the
+  // paused worker's closed connection came first) was left to BullMQ's stalled-job check.
+  it('errors in a row: a job lost to a later error than the first is handed out by the same look', async () => {
+    keelWorker.emit('error', new Error('Connection is closed.'));
+    await loseJob('lost-3');
+    const erredAt = Date.now();
+    keelWorker.emit('error', new Error('Connection terminated unexpectedly'));
+    await waitFor(async () => started.includes('lost-3'), 'the job lost after the second error processed', 15_000);
+    expect(Date.now() - erredAt).toBeLessThan(LOCK_MS / 3);
+  });
 });
