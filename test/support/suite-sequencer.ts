@@ -2,13 +2,14 @@ import { readFileSync } from 'node:fs';
 import { relative, sep } from 'node:path';
 import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node';
 
-// The order in which the suite's files are handed to vitest's workers (two on this machine; a
-// free worker takes the next file). The fault files are a third of the suite's time, and each
-// runs several Keel processes under load: two of them at once slowed both by half (the Postgres
-// crash file took 231 s instead of 150 beside another fault file) and left their timing-bound
-// steps to chance. So the order is planned by simulating the workers: a fault file is handed out
-// only when no other is expected to be running, the other files fill the time in between,
-// longest first. One plan holds every project of the run (suite-plan.ts: the suite on Postgres,
+// The order in which the suite's files are handed to vitest's workers (three when run as root,
+// else two: vitest.config.ts; a free worker takes the next file). The fault files are a third of
+// the suite's time, and each runs several Keel processes under load: two of them at once slowed
+// both by half (the Postgres crash file took 231 s instead of 150 beside another fault file) and
+// left their timing-bound steps to chance. So the order is planned by simulating the workers: a
+// fault file is handed out only when no other is expected to be running, the other files fill the
+// time in between, longest first. With three workers the fault files one after another are the
+// run's length (decision 0102), and the plan starts them with the run. One plan holds every project of the run (suite-plan.ts: the suite on Postgres,
 // the queue's files on Redis, interop with runs.directWrites), so a fault file of one project
 // is not planned beside a fault file of another. The plan orders; it does not hold a file back:
 // what keeps a fault file from starting beside one that overran its duration is the fault slot
