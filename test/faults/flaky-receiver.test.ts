@@ -34,7 +34,10 @@ describe(`a randomly failing push receiver on the ${BACKEND} queue backend`, () 
       // the default 30 s cooldown every opening of this receiver's breaker held all deliveries for
       // 30 s, and one CI run ended its wait with 123 still pending; with a quarter of the slots
       // and a 1 s cooldown it drained in 77 s, with the whole pool in 33 s.
-      const installation = await suite.install({ env: { KEEL_PUSH_CONCURRENCY: '32' }, pushTestTimings: { maxAttempts: 30 } });
+      // Retries at most 0.25 s apart (the suite's 1 s): a delivery's run of failures, nine or ten
+      // in a row somewhere among 720, waited out its backoff while the rest were done; the drain
+      // after the clients settled took 15-18 s and takes 10-11 s (the backoff's doubling has its own tests).
+      const installation = await suite.install({ env: { KEEL_PUSH_CONCURRENCY: '32', KEEL_PUSH_RETRY_MAX_SECONDS: '0.25' }, pushTestTimings: { maxAttempts: 30 } });
       await installation.addNode('all');
       const startedAt = Date.now();
       const load = startLoad({ apis: () => installation.apiUrls(), token: installation.token, count: 240, ratePerSecond: 40, maxInFlight: 60, pushUrl: receiver.url, expected: expectedEcho });

@@ -41,11 +41,12 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 /**
  * When CancelTask is sent, counted from the run's claim (`runs.started_at`): most around the
  * provider's reply, so they meet the completion transaction; one in ten at once, without waiting
- * for the claim (the cancel wins); one in ten long after (the completion wins).
+ * for the claim (the cancel wins); one in ten long after (the completion wins: a second after the
+ * claim, five times the reply's delay; 4 s made half the file's time a wait).
  */
 function cancelAfterClaimMs(index: number): number | 'at_once' {
   if (index % 10 === 0) return 'at_once';
-  if (index % 10 === 9) return 20 * PROVIDER_DELAY_MS;
+  if (index % 10 === 9) return 5 * PROVIDER_DELAY_MS;
   return PROVIDER_DELAY_MS - 50 + ((index * 37) % 100);
 }
 
