@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import { canRaisePriority } from './test/support/cpu-priority.js';
 import { suiteProjects } from './test/support/suite-plan.js';
 import { SuiteSequencer } from './test/support/suite-sequencer.js';
 
@@ -12,8 +13,8 @@ export default defineConfig({
     // Three test files at a time on a 2-core machine (vitest's default would be one): most files
     // spend their time waiting on child processes, databases and timers, not on the CPU. A fault
     // file runs at a higher priority than the two beside it (fault-slot.ts, decision 0102), which
-    // needs root; without it, two (decision 0101).
-    maxWorkers: process.getuid?.() === 0 ? 3 : 2,
+    // needs root (CAP_SYS_NICE); without it, two (decision 0101).
+    maxWorkers: canRaisePriority() ? 3 : 2,
     // Fault files (test/faults/) hold a slot of their own, one at a time (decision 0101).
     setupFiles: ['./test/faults/support/fault-slot.ts'],
     // Each worker runs its files one after another in one process, loading Keel's modules once

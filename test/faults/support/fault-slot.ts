@@ -2,6 +2,7 @@ import { setPriority } from 'node:os';
 import { sep } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
+import { FAULT_FILE_NICE } from '../../support/cpu-priority.js';
 import { ADMIN_URL } from '../../support/test-database.js';
 
 // One fault file at a time, across the run's vitest workers (decision 0101). The sequencer
@@ -14,20 +15,14 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // its session, and the slot with it. The slot is the machine's, not the run's: a fault file run by
 // hand while the suite runs waits for the suite's, and the other way round.
 //
+// While it holds the slot a fault file runs at a higher CPU priority than the files beside it
+// (test/support/cpu-priority.ts, decision 0102).
+//
 // This module is a setup file of every project (vitest.config.ts), so its hooks come before each
 // file's own; a fault file is what the sequencer plans as one: a file under test/faults/.
 
 /** The advisory lock's key: any constant the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
-
-/**
- * The fault file's scheduling priority while it holds the slot (a nice value; the other files run
- * at 0): with a third worker, the two files beside a fault file take the CPU it leaves and little
- * of what it needs. Set on the worker's main thread, so the Keel processes, Postgres and Redis
- * servers the file starts inherit it. Raising a priority needs root (CAP_SYS_NICE); without it
- * the suite runs two workers (vitest.config.ts) and this is skipped.
- */
-export const FAULT_FILE_NICE = -5;
 
 /** A fault file may wait through the longest fault file (60-110 s here) and more on a slow machine. */
 const WAIT_TIMEOUT_MS = 10 * 60_000;
@@ -55,11 +50,13 @@ beforeAll(async ({}, suite) => {
   await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
   session = client;
   suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
+  // Ahead of the two files beside it for the CPU (decision 0102): set on the worker's main thread,
+  // so the Keel processes, Postgres and Redis servers and test hosts the file starts inherit it.
   try {
     setPriority(FAULT_FILE_NICE);
     raised = true;
   } catch {
-    // Not root: the file runs at the others' priority (and the suite with two workers).
+    // No CAP_SYS_NICE: the file runs at the others' priority (and the suite with two workers).
   }
 }, WAIT_TIMEOUT_MS);
 
