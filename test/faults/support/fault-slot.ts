@@ -1,4 +1,4 @@
-import { setPriority } from 'node:os';
+import { getPriority, setPriority } from 'node:os';
 import { sep } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
@@ -35,7 +35,8 @@ declare module 'vitest' {
 }
 
 let session: pg.Client | null = null;
-let raised = false;
+/** The worker's priority before the fault file raised it (null: not raised). */
+let priorityBefore: number | null = null;
 
 // vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
 // eslint-disable-next-line no-empty-pattern
@@ -52,9 +53,10 @@ beforeAll(async ({}, suite) => {
   suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
   // Ahead of the two files beside it for the CPU (decision 0102): set on the worker's main thread,
   // so the Keel processes, Postgres and Redis servers and test hosts the file starts inherit it.
+  const before = getPriority();
   try {
-    setPriority(FAULT_FILE_NICE);
-    raised = true;
+    setPriority(Math.min(before, FAULT_FILE_NICE));
+    priorityBefore = before;
   } catch {
     // No CAP_SYS_NICE: the file runs at the others' priority (and the suite with two workers).
   }
@@ -62,8 +64,8 @@ beforeAll(async ({}, suite) => {
 
 afterAll(async () => {
   // The worker runs other files next (vitest reuses it): back to the others' priority.
-  if (raised) setPriority(0);
-  raised = false;
+  if (priorityBefore !== null) setPriority(priorityBefore);
+  priorityBefore = null;
   // Closing the session releases its advisory locks.
   await session?.end().catch(() => undefined);
   session = null;
