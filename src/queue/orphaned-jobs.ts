@@ -70,8 +70,8 @@ export class OrphanedJobs {
   private timer: NodeJS.Timeout | null = null;
   /**
    * When the latest error since the last look that read every worker's jobs came: a job lost to
-   * any of them was taken before it. (The first error's time left out a job lost to a later one
-   * before the look: a paused Redis worker's closed connection, then the call that lost the job.)
+   * any of them was taken before it. (The first error's time left out a job lost to a later error
+   * before the look.)
    */
   private suspectedAt: number | null = null;
   private looking: Promise<boolean> | null = null;

@@ -127,9 +127,9 @@ describe(`jobs a worker lost are handed out again (${testQueueKind()} backend)`,
     expect(Date.now() - erredAt).toBeLessThan(LOCK_MS / 3);
   });
 
-  // What a first version got wrong (a CI run, Redis backend): the look took only jobs taken before
-  // the first error since the last look, so a job lost to a later error before that look (the
-  // paused worker's closed connection came first) was left to BullMQ's stalled-job check.
+  // What a first version got wrong (found reading the code after a CI run on Redis failed the test
+  // above): the look took only jobs taken before the first error since the last look, so a job
+  // lost to a later error before that look was left to BullMQ's stalled-job check.
   it('errors in a row: a job lost to a later error than the first is handed out by the same look', async () => {
     keelWorker.emit('error', new Error('Connection is closed.'));
     await loseJob('lost-3');
