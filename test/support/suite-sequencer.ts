@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { relative, sep } from 'node:path';
 import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node';
+import { isFaultFile } from './fault-files.js';
 
 // The order in which the suite's files are handed to vitest's workers (three when run as root,
 // else two: vitest.config.ts; a free worker takes the next file). The fault files are a third of
@@ -58,7 +59,7 @@ export class SuiteSequencer extends BaseSequencer {
     const rank = new Map(this.ctx.projects.map((project, index) => [project.name, index]));
     const inOrder = (a: TestSpecification, b: TestSpecification) =>
       rank.get(a.project.name)! - rank.get(b.project.name)! || seconds.get(b)! - seconds.get(a)!;
-    const faults = files.filter((file) => folderOf(this.relativePath(file)) === 'faults').sort(inOrder);
+    const faults = files.filter((file) => isFaultFile(this.relativePath(file))).sort(inOrder);
     const others = files.filter((file) => !faults.includes(file)).sort(inOrder);
     const workers = Math.max(1, Number(this.ctx.config.maxWorkers) || 1);
     const freeAt = Array.from({ length: workers }, () => 0);

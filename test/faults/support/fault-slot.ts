@@ -1,8 +1,8 @@
 import { getPriority, setPriority } from 'node:os';
-import { sep } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
 import { FAULT_FILE_NICE } from '../../support/cpu-priority.js';
+import { isFaultFile } from '../../support/fault-files.js';
 import { ADMIN_URL } from '../../support/test-database.js';
 
 // One fault file at a time, across the run's vitest workers (decision 0101). The sequencer
@@ -19,7 +19,7 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // (test/support/cpu-priority.ts, decision 0102).
 //
 // This module is a setup file of every project (vitest.config.ts), so its hooks come before each
-// file's own; a fault file is what the sequencer plans as one: a file under test/faults/.
+// file's own; a fault file is what the sequencer plans as one (test/support/fault-files.ts).
 
 /** The advisory lock's key: any constant the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
@@ -41,7 +41,7 @@ let priorityBefore: number | null = null;
 // vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
 // eslint-disable-next-line no-empty-pattern
 beforeAll(async ({}, suite) => {
-  if (!suite.file.filepath.includes(`${sep}test${sep}faults${sep}`)) return;
+  if (!isFaultFile(suite.file.filepath)) return;
   const waitStarted = Date.now();
   const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
   // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
