@@ -109,10 +109,18 @@ export class OrphanedJobs {
 
   private async lookOnce(): Promise<boolean> {
     // Jobs taken before the latest error and more than a moment before this look.
-    const takenBefore = Math.min(this.suspectedAt ?? Date.now(), Date.now() - TAKEN_BEFORE_MS);
+    const suspectedAt = this.suspectedAt;
+    const takenBefore = Math.min(suspectedAt ?? Date.now(), Date.now() - TAKEN_BEFORE_MS);
     this.suspectedAt = null;
     try {
       for (const worker of [...this.watched]) await this.returnLost(worker, takenBefore);
+      // An error in the moment before this look: a job it lost is still too fresh to tell from one
+      // on its way into a processor. Look again once it is not.
+      if (suspectedAt !== null && suspectedAt > takenBefore) {
+        this.suspectedAt = Math.max(this.suspectedAt ?? suspectedAt, suspectedAt);
+        this.timer ??= setTimeout(() => void this.look(), LOOK_AFTER_MS);
+        this.timer.unref();
+      }
       return true;
     } catch (error) {
       this.logger.debug({ err: error }, 'cannot look for lost jobs yet; looking again shortly');
