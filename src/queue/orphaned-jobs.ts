@@ -57,7 +57,8 @@ export function holdJobs(worker: Worker): ReadonlySet<string> {
  * 30-60 s after the database came back, with the push deliveries behind it.
  *
  * After a worker's error, this looks at the worker's active jobs until a look succeeds (the backend
- * answers again). A job goes back to waiting when its worker took it before the latest error and more than
+ * answers again). A job goes back to waiting when its worker took it no later than the latest error (in
+ * the same millisecond counts: a take's time is this process's clock, in milliseconds) and more than
  * `TAKEN_BEFORE_MS` ago, does not hold it (`holdJobs`), and a fresh read just before the move still
  * shows that take: a job finished and taken again since the list was read is its new take's.
  * Only for workers whose job is a wake-up that a second processing finds done (`returnLostJobs`):
@@ -108,16 +109,17 @@ export class OrphanedJobs {
   }
 
   private async lookOnce(): Promise<boolean> {
-    // Jobs taken before the latest error and more than a moment before this look.
+    // Jobs taken no later than the latest error and more than a moment before this look.
     const suspectedAt = this.suspectedAt;
     const takenBefore = Math.min(suspectedAt ?? Date.now(), Date.now() - TAKEN_BEFORE_MS);
-    this.suspectedAt = null;
+    // An error in the moment before this look: a job it lost is still too fresh to tell from one
+    // on its way into a processor. It stays suspected, for a look once that job is not.
+    this.suspectedAt = suspectedAt !== null && suspectedAt > takenBefore ? suspectedAt : null;
     try {
       for (const worker of [...this.watched]) await this.returnLost(worker, takenBefore);
-      // An error in the moment before this look: a job it lost is still too fresh to tell from one
-      // on its way into a processor. Look again once it is not.
-      if (suspectedAt !== null && suspectedAt > takenBefore) {
-        this.suspectedAt = Math.max(this.suspectedAt ?? suspectedAt, suspectedAt);
+      // What this look could not judge, and errors that came while it read (a `look()` then
+      // joined this one, which began before them): the next look takes them.
+      if (this.suspectedAt !== null) {
         this.timer ??= setTimeout(() => void this.look(), LOOK_AFTER_MS);
         this.timer.unref();
       }
@@ -132,7 +134,7 @@ export class OrphanedJobs {
 
   private async returnLost(worker: WatchedWorker, takenBefore: number): Promise<void> {
     const lost = (job: Job | undefined): job is Job =>
-      job !== undefined && job.id !== undefined && job.processedBy === worker.name && !worker.held.has(job.id) && job.processedOn !== undefined && job.processedOn < takenBefore;
+      job !== undefined && job.id !== undefined && job.processedBy === worker.name && !worker.held.has(job.id) && job.processedOn !== undefined && job.processedOn <= takenBefore;
     const returned: string[] = [];
     for (const listed of await worker.jobs().getJobs(['active'])) {
       if (!this.watched.includes(worker)) return;

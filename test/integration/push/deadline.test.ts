@@ -1,7 +1,7 @@
 import { sql } from 'slonik';
 import { z } from 'zod';
 import { afterEach, describe, expect, it } from 'vitest';
-import { beginAttempt } from '../../../src/push/delivery-repository.js';
+import { beginAttempt, type BegunAttempt } from '../../../src/push/delivery-repository.js';
 import { deliveriesOfConfig, findPushConfigs, resumePushConfig } from '../../../src/push/push-admin.js';
 import { startTestKeel, type TestKeel } from '../../support/test-keel.js';
 import { waitFor } from '../../support/wait-for.js';
@@ -229,19 +229,31 @@ describe('push.deadlineHours', () => {
   it('an attempt begins only while its config is active: a worker that read it active before a pause, a stop or a deletion sends nothing', async () => {
     const { pool, taskId, head, counted, receiver } = await pausedHead('meanwhile');
     const before = await counted();
-    // Paused (its 401 made it due again at once, as the worker does): not begun, nothing counted.
-    await pool.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now() WHERE id = ${head!.id}`);
-    expect(await pool.transaction((transaction) => beginAttempt(transaction, head!.id, { leaseMs: 60_000, maxAttempts: 8 }))).toEqual({ kind: 'config_not_active' });
-    for (const change of [sql.fragment`state = 'stopped'`, sql.fragment`state = 'active', deleted_at = now()`]) {
-      // Each change and the attempt in one transaction, so the worker never sees the config active.
-      const outcome = await pool.transaction(async (transaction) => {
-        await transaction.query(sql.unsafe`UPDATE push_configs SET ${change} WHERE task_id = ${taskId} AND id = 'meanwhile'`);
-        return beginAttempt(transaction, head!.id, { leaseMs: 60_000, maxAttempts: 8 });
-      });
-      expect(outcome).toEqual({ kind: 'config_not_active' });
+    // The head made due (as the worker does after a 401), the config changed, and the attempt, in
+    // one transaction that is then rolled back: Keel's own worker never sees the head due or the
+    // config stopped or deleted (a CI run's worker, seeing them committed, cancelled the head).
+    const beginUnseen = async (change: ReturnType<typeof sql.fragment> | null): Promise<BegunAttempt> => {
+      const rolledBack = await pool
+        .transaction(async (transaction) => {
+          await transaction.query(sql.unsafe`UPDATE push_deliveries SET next_attempt_at = now() WHERE id = ${head!.id}`);
+          if (change) await transaction.query(sql.unsafe`UPDATE push_configs SET ${change} WHERE task_id = ${taskId} AND id = 'meanwhile'`);
+          throw new RolledBack(await beginAttempt(transaction, head!.id, { leaseMs: 60_000, maxAttempts: 8 }));
+        })
+        .catch((error: unknown) => error);
+      if (!(rolledBack instanceof RolledBack)) throw rolledBack;
+      return rolledBack.outcome;
+    };
+    // Paused: not begun, nothing counted; then stopped, then active but deleted.
+    for (const change of [null, sql.fragment`state = 'stopped'`, sql.fragment`state = 'active', deleted_at = now()`]) {
+      expect(await beginUnseen(change)).toEqual({ kind: 'config_not_active' });
     }
     expect(await counted()).toBe(before);
     expect(await deliveriesOf(pool, taskId)).toEqual(expect.arrayContaining([expect.objectContaining({ id: head!.id, state: 'pending', attempts: before })]));
     expect(receiver.requests).toHaveLength(1);
   });
 });
+
+/** Carries a transaction's result out of it as it is rolled back. */
+class RolledBack {
+  constructor(readonly outcome: BegunAttempt) {}
+}
