@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { relative, sep } from 'node:path';
 import { BaseSequencer, type TestSpecification, type Vitest } from 'vitest/node';
-import { isFaultFile } from './fault-files.js';
+import { isFaultFile, needsQuietMachine } from './fault-files.js';
 
 // The order in which the suite's files are handed to vitest's workers (three when run as root,
 // else two: vitest.config.ts; a free worker takes the next file). The fault files are a third of
@@ -59,8 +59,11 @@ export class SuiteSequencer extends BaseSequencer {
     const rank = new Map(this.ctx.projects.map((project, index) => [project.name, index]));
     const inOrder = (a: TestSpecification, b: TestSpecification) =>
       rank.get(a.project.name)! - rank.get(b.project.name)! || seconds.get(b)! - seconds.get(a)!;
-    const faults = files.filter((file) => isFaultFile(this.relativePath(file))).sort(inOrder);
-    const others = files.filter((file) => !faults.includes(file)).sort(inOrder);
+    // A file that needs the machine to itself goes last, once every other file has started: the
+    // machine is then the least loaded it will be, and it waits for the others to end (decision 0103).
+    const quiet = files.filter((file) => needsQuietMachine(this.relativePath(file))).sort(inOrder);
+    const faults = files.filter((file) => isFaultFile(this.relativePath(file)) && !quiet.includes(file)).sort(inOrder);
+    const others = files.filter((file) => !faults.includes(file) && !quiet.includes(file)).sort(inOrder);
     const workers = Math.max(1, Number(this.ctx.config.maxWorkers) || 1);
     const freeAt = Array.from({ length: workers }, () => 0);
     let faultEndsAt = 0;
@@ -74,7 +77,7 @@ export class SuiteSequencer extends BaseSequencer {
       if (takeFault) faultEndsAt = freeAt[worker];
       order.push(next);
     }
-    return order;
+    return [...order, ...quiet];
   }
 
   private relativePath(file: TestSpecification): string {

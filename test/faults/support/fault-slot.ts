@@ -2,7 +2,7 @@ import { getPriority, setPriority } from 'node:os';
 import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
 import { FAULT_FILE_NICE } from '../../support/cpu-priority.js';
-import { isFaultFile } from '../../support/fault-files.js';
+import { isFaultFile, needsQuietMachine } from '../../support/fault-files.js';
 import { ADMIN_URL } from '../../support/test-database.js';
 
 // One fault file at a time, across the run's vitest workers (decision 0101). The sequencer
@@ -18,18 +18,27 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // While it holds the slot a fault file runs at a higher CPU priority than the files beside it
 // (test/support/cpu-priority.ts, decision 0102).
 //
+// A fault file that needs the machine to itself (needsQuietMachine: a bound on how fast Keel
+// answers under its own load) also holds the quiet lock, an exclusive advisory lock that every
+// other file holds shared while it runs (decision 0103): it starts once the files running end, and
+// files that come after it wait until it ends (Postgres queues a shared request behind a waiting
+// exclusive one, so the quiet file is not starved). The sequencer hands it out last, when the
+// others are done, so it seldom waits. A file that cannot reach the machine's Postgres runs without
+// the shared lock (a unit file run by hand on a machine without one).
+//
 // This module is a setup file of every project (vitest.config.ts), so its hooks come before each
 // file's own; a fault file is what the sequencer plans as one (test/support/fault-files.ts).
 
-/** The advisory lock's key: any constant the suite uses for nothing else. */
+/** The advisory locks' keys: constants the suite uses for nothing else. */
 const FAULT_SLOT_KEY = 7_043_101;
+const QUIET_KEY = 7_043_102;
 
 /** A fault file may wait through the longest fault file (60-110 s here) and more on a slow machine. */
 const WAIT_TIMEOUT_MS = 10 * 60_000;
 
 declare module 'vitest' {
   interface TaskMeta {
-    /** Milliseconds the file waited for the fault slot: the suite's report leaves them out of its duration. */
+    /** Milliseconds the file waited for the fault slot or the quiet lock: the suite's report leaves them out of its duration. */
     faultSlotWaitMs?: number;
   }
 }
@@ -41,14 +50,19 @@ let priorityBefore: number | null = null;
 // vitest wants the first argument (the fixtures) destructured, and this hook uses none of them.
 // eslint-disable-next-line no-empty-pattern
 beforeAll(async ({}, suite) => {
-  if (!isFaultFile(suite.file.filepath)) return;
   const waitStarted = Date.now();
+  if (!isFaultFile(suite.file.filepath)) {
+    session = await holdQuietLockShared();
+    suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
+    return;
+  }
   const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
   // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
   // on without it rather than failing on an unheard 'error'.
   client.on('error', () => undefined);
   await client.connect();
   await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
+  if (needsQuietMachine(suite.file.filepath)) await client.query('SELECT pg_advisory_lock($1)', [QUIET_KEY]);
   session = client;
   suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
   // Ahead of the two files beside it for the CPU (decision 0102): set on the worker's main thread,
@@ -70,3 +84,17 @@ afterAll(async () => {
   await session?.end().catch(() => undefined);
   session = null;
 });
+
+/** A session holding the quiet lock shared (waiting while a quiet file holds it), or null without the machine's Postgres. */
+async function holdQuietLockShared(): Promise<pg.Client | null> {
+  const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-quiet-shared' });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+  } catch {
+    await client.end().catch(() => undefined);
+    return null;
+  }
+  await client.query('SELECT pg_advisory_lock_shared($1)', [QUIET_KEY]);
+  return client;
+}
