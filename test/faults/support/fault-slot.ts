@@ -18,8 +18,8 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // While it holds the slot a fault file runs at a higher CPU priority than the files beside it
 // (test/support/cpu-priority.ts, decision 0102).
 //
-// A fault file that needs the machine to itself (needsQuietMachine: a bound on how fast Keel
-// answers under its own load) also holds the quiet lock, an exclusive advisory lock that every
+// A file that needs the machine to itself (needsQuietMachine: a bound on how fast Keel answers
+// under its own load; a fault file or not) holds the fault slot as a fault file does, and the quiet lock, an exclusive advisory lock that every
 // other file holds shared while it runs (decision 0103): it starts once the files running end, and
 // files that come after it wait until it ends (Postgres queues a shared request behind a waiting
 // exclusive one, so the quiet file is not starved). The sequencer hands it out last, when the
@@ -51,7 +51,8 @@ let priorityBefore: number | null = null;
 // eslint-disable-next-line no-empty-pattern
 beforeAll(async ({}, suite) => {
   const waitStarted = Date.now();
-  if (!isFaultFile(suite.file.filepath)) {
+  const quiet = needsQuietMachine(suite.file.filepath);
+  if (!isFaultFile(suite.file.filepath) && !quiet) {
     session = await holdQuietLockShared();
     suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
     return;
@@ -62,7 +63,7 @@ beforeAll(async ({}, suite) => {
   client.on('error', () => undefined);
   await client.connect();
   await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
-  if (needsQuietMachine(suite.file.filepath)) await client.query('SELECT pg_advisory_lock($1)', [QUIET_KEY]);
+  if (quiet) await client.query('SELECT pg_advisory_lock($1)', [QUIET_KEY]);
   session = client;
   suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
   // Ahead of the two files beside it for the CPU (decision 0102): set on the worker's main thread,

@@ -11,7 +11,8 @@ import { PUSH_TEST_OVERRIDES, attemptsOf, deliveriesOf, newClientToken, sendWith
 // harness's timings), the breaker opens after 3 failures and probes after 1 s. Each test failed on
 // the code before the isolation: A's deliveries came after B's hung ones had held all 16 slots for
 // a timeout; the 200 with a large body was `too_large` and retried; A's head delivery waited behind
-// B's backlog of slow deliveries.
+// B's backlog of slow deliveries. Its bounds are latencies under a load of its own, so the suite
+// runs it last and with the machine to itself (test/support/fault-files.ts, decision 0103).
 
 /** How long client B's slow receivers take to answer: below the push timeout (3 s here), so they succeed. */
 const SLOW_ANSWER_MS = 2_500;

@@ -143,16 +143,17 @@ describe('SuiteSequencer', () => {
     expect(Math.max(...freeAt)).toBeLessThanOrEqual(Math.ceil([...seconds.values()].reduce((sum, value) => sum + value, 0) / 2) + 25);
   });
 
-  it('the files that need the machine to themselves (large-task, fair-run-slots) are handed out last, after every other file of every project', async () => {
+  it('the files that need the machine to themselves (large-task, fair-run-slots, push isolation) are handed out last, after every other file of every project', async () => {
     const recorded: FileDurations = {
-      postgres: { 'test/faults/large-task.test.ts': 16, 'test/faults/fair-run-slots.test.ts': 38, 'test/faults/crash.test.ts': 90, ...Object.fromEntries(Array.from({ length: 8 }, (_, index) => [`test/integration/p${index}.test.ts`, 15])) },
+      postgres: { 'test/faults/large-task.test.ts': 16, 'test/faults/fair-run-slots.test.ts': 38, 'test/integration/push/isolation.test.ts': 32, 'test/faults/crash.test.ts': 90, ...Object.fromEntries(Array.from({ length: 8 }, (_, index) => [`test/integration/p${index}.test.ts`, 15])) },
       redis: { 'test/faults/fair-run-slots.test.ts': 36, 'test/faults/crash.test.ts': 50, 'test/integration/p0.test.ts': 10 },
     };
     const files = Object.entries(recorded).flatMap(([name, durations]) => Object.keys(durations!).map((path) => spec(path, name as ProjectName)));
     const order = await sequencer({}, recorded).sort(files);
     expect(new Set(order)).toEqual(new Set(files));
-    expect(order.slice(-3).map((file) => `${file.project.name} ${file.moduleId.slice(ROOT.length + 1)}`)).toEqual([
+    expect(order.slice(-4).map((file) => `${file.project.name} ${file.moduleId.slice(ROOT.length + 1)}`)).toEqual([
       'postgres test/faults/fair-run-slots.test.ts',
+      'postgres test/integration/push/isolation.test.ts',
       'postgres test/faults/large-task.test.ts',
       'redis test/faults/fair-run-slots.test.ts',
     ]);
