@@ -52,7 +52,9 @@ const earlyRecords: EarlyRecord[] = [];
 beforeAll(async () => {
   vi.spyOn(console, 'info').mockImplementation(() => undefined);
   liar = await startFakeRemote({ push: true });
-  silent = await startSdkRemote({ push: true, sender: 'drop', completeAfterMs: 500 });
+  // Held WORKING until the test releases it (below), once Keel has asked: a remote that finished on
+  // a timer of its own had finished before the first poll on saturated cores, and no poll saw it working.
+  silent = await startSdkRemote({ push: true, sender: 'drop', hold: true });
   // Finishes at once and pushes COMPLETED to the callback URL before it answers SendMessage (WORKING).
   // Until it has answered, its GetTask is unavailable: the reconcile the callback wakes would
   // otherwise adopt the task the body names (decision 0015) before the test reads the kept row, and
@@ -132,6 +134,8 @@ describe('reconciliation asks the remote', () => {
 
   it('a lost callback (the remote never pushes): the poller resolves the dependency', async () => {
     const { taskId, runId } = await sendLocal(keel, token, 'to-silent', 'nobody will call back');
+    await waitFor(async () => silent.calls.getTask >= 1, 'a GetTask of the remote task while it works', 20_000);
+    silent.release();
     const task = await waitForLocalTask(keel, token, 'to-silent', taskId);
     expect(task.status?.state).toBe(3);
     expect(artifactText(task)).toContain(sdkResultFor(delegatedText('silent')));
