@@ -19,12 +19,13 @@ import { ADMIN_URL } from '../../support/test-database.js';
 // (test/support/cpu-priority.ts, decision 0102).
 //
 // A file that needs the machine to itself (needsQuietMachine: a bound on how fast Keel answers
-// under its own load; a fault file or not) holds the fault slot as a fault file does, and the quiet lock, an exclusive advisory lock that every
-// other file holds shared while it runs (decision 0103): it starts once the files running end, and
-// files that come after it wait until it ends (Postgres queues a shared request behind a waiting
-// exclusive one, so the quiet file is not starved). The sequencer hands it out last, when the
-// others are done, so it seldom waits. A file that cannot reach the machine's Postgres runs without
-// the shared lock (a unit file run by hand on a machine without one).
+// under its own load; a fault file or not) holds the fault slot as a fault file does, and the
+// quiet lock, an exclusive advisory lock that every other file holds shared while it runs
+// (decision 0103): it starts once the files running end, and files that come after it wait until
+// it ends (Postgres queues a shared request behind a waiting exclusive one, so the quiet file is
+// not starved). The sequencer hands it out last, when the others are done, so it seldom waits. A
+// file that cannot reach the machine's Postgres runs without the shared lock (a unit file run by
+// hand on a machine without one).
 //
 // This module is a setup file of every project (vitest.config.ts), so its hooks come before each
 // file's own; a fault file is what the sequencer plans as one (test/support/fault-files.ts).
