@@ -58,10 +58,7 @@ beforeAll(async ({}, suite) => {
     suite.file.meta.faultSlotWaitMs = Date.now() - waitStarted;
     return;
   }
-  const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-fault-slot' });
-  // A session the server ends (the machine's Postgres restarted) frees the slot; the file goes
-  // on without it rather than failing on an unheard 'error'.
-  client.on('error', () => undefined);
+  const client = lockSession('keel-test-fault-slot');
   await client.connect();
   await client.query('SELECT pg_advisory_lock($1)', [FAULT_SLOT_KEY]);
   if (quiet) await client.query('SELECT pg_advisory_lock($1)', [QUIET_KEY]);
@@ -89,8 +86,7 @@ afterAll(async () => {
 
 /** A session holding the quiet lock shared (waiting while a quiet file holds it), or null without the machine's Postgres. */
 async function holdQuietLockShared(): Promise<pg.Client | null> {
-  const client = new pg.Client({ connectionString: ADMIN_URL, application_name: 'keel-test-quiet-shared' });
-  client.on('error', () => undefined);
+  const client = lockSession('keel-test-quiet-shared');
   try {
     await client.connect();
   } catch {
@@ -98,5 +94,16 @@ async function holdQuietLockShared(): Promise<pg.Client | null> {
     return null;
   }
   await client.query('SELECT pg_advisory_lock_shared($1)', [QUIET_KEY]);
+  return client;
+}
+
+/**
+ * A session on the machine's Postgres whose advisory locks are held while it lives. One the server
+ * ends (the machine's Postgres restarted) frees its locks; the file goes on without them rather
+ * than failing on an unheard 'error'.
+ */
+function lockSession(applicationName: string): pg.Client {
+  const client = new pg.Client({ connectionString: ADMIN_URL, application_name: applicationName });
+  client.on('error', () => undefined);
   return client;
 }
