@@ -32,6 +32,7 @@ import {
   scrapeMetrics,
   sendMessageParams,
   sleep,
+  startOtlpSink,
   throwIfInterrupted,
   unguard,
   waitUntilReady,
@@ -1143,29 +1144,6 @@ type KeelNode = { role: KeelRole; port: number; origin: string; child: ManagedCh
  * (KEEL_MASTER_KEY), data directory, queue backend and prefix, and a port of its own
  * (KEEL_SERVER_PORT; a worker listens too, for /healthz, /readyz and /metrics).
  */
-/**
- * The collector of BENCH_TRACING=sdk, in a process of its own: answers every OTLP/HTTP export with
- * an empty ExportTraceServiceResponse once it has read the body, and counts what it received
- * (GET /stats).
- */
-const OTLP_SINK_SOURCE = `
-const http = require('node:http');
-let requests = 0, bytes = 0;
-http.createServer((request, response) => {
-  if (request.method === 'GET') { response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ requests, bytes })); return; }
-  request.on('data', (chunk) => { bytes += chunk.length; });
-  request.on('end', () => { requests += 1; response.writeHead(200, { 'content-type': 'application/x-protobuf' }).end(); });
-}).listen(Number(process.argv[1]), '127.0.0.1');
-`;
-
-async function startOtlpSink(): Promise<{ child: ManagedChild; origin: string }> {
-  const port = await freePort();
-  const child = new ManagedChild('OTLP sink', process.execPath, ['-e', OTLP_SINK_SOURCE, String(port)]);
-  const origin = `http://127.0.0.1:${port}`;
-  await waitUntilReady(child, `${origin}/stats`, 10_000);
-  return { child, origin };
-}
-
 async function benchKeel(result: TargetResult, topology: Topology, queue: QueueKind, tracing: Tracing): Promise<void> {
   await withTrackedDatabase(async (databaseUrl) => {
     const dataDir = mkdtempSync(join(tmpdir(), 'keel-bench-a2a-'));

@@ -786,3 +786,26 @@ export async function scrapeMetrics(origin: string): Promise<Map<string, number>
 }
 
 export const mib = (kib: number) => kib / 1024;
+
+/**
+ * The collector of the benches that trace (bench:a2a's BENCH_TRACING, bench:tracing), in a process
+ * of its own: answers every OTLP/HTTP export with an empty ExportTraceServiceResponse once it has
+ * read the body, and counts what it received (GET /stats).
+ */
+const OTLP_SINK_SOURCE = `
+const http = require('node:http');
+let requests = 0, bytes = 0;
+http.createServer((request, response) => {
+  if (request.method === 'GET') { response.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ requests, bytes })); return; }
+  request.on('data', (chunk) => { bytes += chunk.length; });
+  request.on('end', () => { requests += 1; response.writeHead(200, { 'content-type': 'application/x-protobuf' }).end(); });
+}).listen(Number(process.argv[1]), '127.0.0.1');
+`;
+
+export async function startOtlpSink(): Promise<{ child: ManagedChild; origin: string }> {
+  const port = await freePort();
+  const child = new ManagedChild('OTLP sink', process.execPath, ['-e', OTLP_SINK_SOURCE, String(port)]);
+  const origin = `http://127.0.0.1:${port}`;
+  await waitUntilReady(child, `${origin}/stats`, 10_000);
+  return { child, origin };
+}

@@ -60,8 +60,10 @@ function exporterFor(settings: TelemetrySettings): SpanExporter {
 /**
  * Registers a tracer provider exporting over OTLP/HTTP through a BatchSpanProcessor, the W3C trace
  * context propagator and the AsyncLocalStorage context manager, then turns Keel's tracing on.
+ * `exporter` replaces the OTLP exporter (bench:tracing's, which drops what it is given, to
+ * measure the recording apart from the export).
  */
-export function wireTelemetry(settings: TelemetrySettings, identity: TelemetryIdentity): WiredTelemetry {
+export function wireTelemetry(settings: TelemetrySettings, identity: TelemetryIdentity, exporter: SpanExporter = exporterFor(settings)): WiredTelemetry {
   const resource = defaultResource().merge(
     resourceFromAttributes({
       [ATTR_SERVICE_INSTANCE_ID]: identity.instanceId,
@@ -75,7 +77,7 @@ export function wireTelemetry(settings: TelemetrySettings, identity: TelemetryId
     // A batch span, the root of its own trace, is kept when a task it wrote was (linked-trace-sampler.ts).
     sampler: new LinkedTraceSampler(samplerFor(settings.sampler, settings.samplerRatio)),
     idGenerator: new RequestedIdGenerator(new RandomIdGenerator()),
-    spanProcessors: [new BatchSpanProcessor(exporterFor(settings), { exportTimeoutMillis: settings.exportTimeoutMs })],
+    spanProcessors: [new BatchSpanProcessor(exporter, { exportTimeoutMillis: settings.exportTimeoutMs })],
   });
   if (!trace.setGlobalTracerProvider(new KeelTracerProvider(provider))) {
     void provider.shutdown().catch(() => undefined);
