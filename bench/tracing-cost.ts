@@ -111,13 +111,14 @@ function makeTask(perTaskAwaits: number): () => Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, BATCH_WRITE_MS));
     return items.map(() => undefined);
   };
+  const writeOne = async <I>(item: I) => (await write([item]))[0];
   const creations = new GroupCommit<Creation, undefined>({
     maxBatch: 64,
     writeBatch: write,
-    writeOne: async () => undefined,
+    writeOne,
     trace: { name: 'keel.write_batch', linkOf: (creation) => newRunLink(creation.trace, creation.taskId) },
   });
-  const completions = new GroupCommit<string, undefined>({ maxBatch: 64, writeBatch: write, writeOne: async () => undefined, trace: { name: 'keel.write_batch' } });
+  const completions = new GroupCommit<string, undefined>({ maxBatch: 64, writeBatch: write, writeOne, trace: { name: 'keel.write_batch' } });
   const share = Math.max(1, Math.floor(perTaskAwaits / 4));
   const provider = { name: 'echo', type: 'echo', model: 'echo' };
   const reply = { ok: true as const, reply: { usage: { inputTokens: 3, outputTokens: 5 }, toolCalls: [] } };
