@@ -453,9 +453,9 @@ export function clockTicks(): number {
 }
 
 /** utime+stime of a process (all its threads) and when it started, both in clock ticks (the latter since boot); null once it is gone. */
-export function procStat(pid: number): { ticks: number; startTicks: number } | null {
+export function procStat(pid: number, thread?: number): { ticks: number; startTicks: number } | null {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const stat = readFileSync(thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`, 'utf8');
     // The command name (field 2) is in parentheses and may hold spaces: count from after it (field 3 at index 0).
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     return { ticks: Number(fields[11]) + Number(fields[12]), startTicks: Number(fields[19]) };

@@ -1,6 +1,5 @@
 import { randomUUID } from 'node:crypto';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { PerformanceObserver } from 'node:perf_hooks';
 import type { SpanExporter } from '@opentelemetry/sdk-trace-base';
@@ -10,7 +9,7 @@ import { inA2AServerSpan, noteTaskId } from '../src/tracing/a2a-server-span.js';
 import { inModelCallSpan } from '../src/tracing/gen-ai-spans.js';
 import { inRunStretch, newRunLink, newRunTrace, type RunTrace } from '../src/tracing/run-trace.js';
 import { tracingEnabled } from '../src/tracing/tracing-switch.js';
-import { clockTicks, envKnobs, ManagedChild, machineLine, runBench, startOtlpSink, writeBenchJson } from './keel-harness.js';
+import { clockTicks, envKnobs, ManagedChild, machineLine, procStat, runBench, startOtlpSink, writeBenchJson } from './keel-harness.js';
 import { fmt, percentile } from './support.js';
 
 // bench:tracing — the CPU that tracing adds to a task in Keel's process, apart from the machine.
@@ -76,7 +75,7 @@ async function wireArm(arm: Arm, sinkOrigin: string | undefined): Promise<Droppi
   const resolved = resolveTelemetry(configSchema.parse({}).telemetry, env);
   if (!resolved.ok || resolved.settings === null) throw new Error(`bench:tracing: telemetry settings: ${resolved.ok ? 'off' : resolved.problems.join('; ')}`);
   const dropping = arm === 'record' ? new DroppingExporter() : null;
-  const wired = dropping ? wireTelemetry(resolved.settings, { role: 'all', instanceId: 'bench' }, dropping) : wireTelemetry(resolved.settings, { role: 'all', instanceId: 'bench' });
+  const wired = wireTelemetry(resolved.settings, { role: 'all', instanceId: 'bench' }, dropping ?? undefined);
   if (!wired.ok) throw new Error(`bench:tracing: ${wired.message}`);
   return dropping;
 }
@@ -86,18 +85,13 @@ const BATCH_WRITE_MS = 6;
 type Creation = { taskId: string; trace: RunTrace | null };
 
 /**
- * The CPU time of the process's main thread (the event loop's), in milliseconds, from Linux's
- * /proc: the rest of the process's time is V8's and libuv's helper threads (GC among them). Null
- * where /proc has no such file.
+ * The CPU time of the process's main thread (the event loop's; its thread id is the process's), in
+ * milliseconds, from Linux's /proc: the rest of the process's time is V8's and libuv's helper
+ * threads (GC among them). Null where /proc has no such file.
  */
 function mainThreadCpuMs(): number | null {
-  try {
-    const stat = readFileSync(`/proc/self/task/${process.pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks();
-  } catch {
-    return null;
-  }
+  const stat = procStat(process.pid, process.pid);
+  return stat === null ? null : (stat.ticks * 1000) / clockTicks();
 }
 
 async function awaits(count: number): Promise<void> {
